@@ -1,0 +1,100 @@
+/**
+ * Which nodes are believed to hold which prefix blocks (for `cache_aware`), as a bounded LRU map
+ * from chained block hash to the node ids that were sent that block. Keep one index per role.
+ * Plain in-memory data: the Durable Object owns an instance; nothing here is persisted.
+ *
+ * LRU uses Map insertion order: a touched entry is deleted and re-inserted, the first key is the
+ * oldest. A request's blocks are touched tail first, so its head blocks (shared by more requests
+ * and needed for any leading match at all) are the last to be evicted.
+ */
+export class PrefixIndex {
+  /**
+   * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
+   * (~32 B), a small array of node-id references (~32 B + 8 B per holder; the id strings
+   * themselves are shared), with slack for hash-table growth: about 150 bytes. So 100,000 entries
+   * take about 15 MB of a Durable Object's 128 MB.
+   */
+  static readonly BYTES_PER_ENTRY_ESTIMATE = 150;
+
+  readonly #entries = new Map<string, string[]>();
+  readonly #maxEntries: number;
+
+  constructor(maxEntries: number) {
+    this.#maxEntries = Math.max(1, Math.floor(maxEntries));
+  }
+
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  get maxEntries(): number {
+    return this.#maxEntries;
+  }
+
+  /**
+   * For each of `nodeIds`, how many LEADING blocks of `hashes` it holds (counting stops at the
+   * first block it lacks). Touches the blocks that some node matched.
+   */
+  match(hashes: readonly string[], nodeIds: readonly string[]): Record<string, number> {
+    const result: Record<string, number> = {};
+    for (const id of nodeIds) result[id] = 0;
+    let active = nodeIds.filter((id, i) => nodeIds.indexOf(id) === i);
+    let matchedDepth = 0;
+    for (const hash of hashes) {
+      if (active.length === 0) break;
+      const holders = this.#entries.get(hash);
+      if (!holders) break;
+      active = active.filter((id) => holders.includes(id));
+      if (active.length === 0) break;
+      for (const id of active) result[id] = (result[id] ?? 0) + 1;
+      matchedDepth++;
+    }
+    for (let i = matchedDepth - 1; i >= 0; i--) this.#touch(hashes[i] as string);
+    return result;
+  }
+
+  /** Remembers that `nodeId` now holds every block of `hashes` (it was sent that prompt). */
+  record(hashes: readonly string[], nodeId: string): void {
+    for (let i = hashes.length - 1; i >= 0; i--) {
+      const hash = hashes[i] as string;
+      const holders = this.#entries.get(hash);
+      if (holders) {
+        this.#entries.delete(hash);
+        if (!holders.includes(nodeId)) holders.push(nodeId);
+        this.#entries.set(hash, holders);
+      } else {
+        this.#entries.set(hash, [nodeId]);
+      }
+    }
+    this.#evict();
+  }
+
+  /** Drops everything known about `nodeId` (it was removed, restarted or lost its cache). */
+  forget(nodeId: string): void {
+    for (const [hash, holders] of this.#entries) {
+      const at = holders.indexOf(nodeId);
+      if (at < 0) continue;
+      if (holders.length === 1) this.#entries.delete(hash);
+      else holders.splice(at, 1);
+    }
+  }
+
+  clear(): void {
+    this.#entries.clear();
+  }
+
+  #touch(hash: string): void {
+    const holders = this.#entries.get(hash);
+    if (!holders) return;
+    this.#entries.delete(hash);
+    this.#entries.set(hash, holders);
+  }
+
+  #evict(): void {
+    while (this.#entries.size > this.#maxEntries) {
+      const oldest = this.#entries.keys().next();
+      if (oldest.done) return;
+      this.#entries.delete(oldest.value);
+    }
+  }
+}

@@ -1,0 +1,412 @@
+// Picks the prefill and decode node of one request (SPEC 5). Pure and synchronous: the shell
+// gathers the nodes, loads, health, key, prefix matches and cursors, and applies the Decision.
+
+import { loadBound } from "./bounded-load";
+import { compareIds, rendezvousScore } from "./rendezvous";
+import type {
+  CandidateNode,
+  Decision,
+  DecisionRule,
+  PolicyName,
+  Result,
+  Role,
+  RoleDecision,
+  ScoredCandidate,
+  SelectionError,
+  SelectionInput,
+} from "./types";
+
+/** Appended to the affinity key for decode, so P and D spread independently of each other. */
+export const DECODE_KEY_DISCRIMINATOR = ":decode";
+
+/** The key a role ranks with: the request key for prefill, the key + discriminator for decode. */
+export function roleKey(key: string | null, role: Role): string | null {
+  if (key === null) return null;
+  return role === "decode" ? key + DECODE_KEY_DISCRIMINATOR : key;
+}
+
+export function selectRoute(input: SelectionInput): Result<Decision, SelectionError> {
+  const cursors = { ...input.cursors };
+
+  if (input.colocated) {
+    const decode = rankRole(poolOf(input, "decode"));
+    if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
+    if (decode.usedRoundRobin) cursors.decode += 1;
+    const prefill: RoleDecision = {
+      id: decode.decision.id,
+      rule: "colocated",
+      candidates: [],
+      fallbacks: [...decode.decision.fallbacks],
+      failOpen: decode.decision.failOpen,
+    };
+    return { ok: true, value: { prefill, decode: decode.decision, cursors } };
+  }
+
+  const prefillPool = poolOf(input, "prefill");
+  const decodePool = poolOf(input, "decode");
+  const prefill = rankRole(prefillPool);
+  if (prefill.kind !== "ok") return fail({ kind: "no_nodes", role: "prefill" });
+  if (decodePool.nodes.length === 0) return fail({ kind: "no_nodes", role: "decode" });
+  if (prefill.usedRoundRobin) cursors.prefill += 1;
+
+  switch (input.policy.pdGroup) {
+    case "off": {
+      const decode = rankRole(decodePool);
+      if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
+      if (decode.usedRoundRobin) cursors.decode += 1;
+      return { ok: true, value: { prefill: prefill.decision, decode: decode.decision, cursors } };
+    }
+    case "prefer": {
+      const decode = rankRole(decodePool);
+      if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
+      if (decode.usedRoundRobin) cursors.decode += 1;
+      const group = nodeById(prefillPool.nodes, prefill.decision.id)?.group;
+      const decided =
+        group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
+      return { ok: true, value: { prefill: prefill.decision, decode: decided, cursors } };
+    }
+    case "strict": {
+      const strict = strictGroup(prefill, prefillPool, decodePool);
+      if (!strict.ok) return strict;
+      if (strict.value.decodeUsedRoundRobin) cursors.decode += 1;
+      return { ok: true, value: { prefill: strict.value.prefill, decode: strict.value.decode, cursors } };
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One role
+
+interface Pool {
+  role: Role;
+  policy: PolicyName;
+  nodes: CandidateNode[];
+  key: string | null;
+  cursor: number;
+  sticky: string | undefined;
+  matches: Record<string, number>;
+  blockCount: number;
+  loadFactor: number;
+  loadAlpha: number;
+}
+
+function poolOf(input: SelectionInput, role: Role): Pool {
+  return {
+    role,
+    policy: input.policy[role],
+    nodes: input[role],
+    key: roleKey(input.key, role),
+    cursor: input.cursors[role],
+    sticky: input.sticky?.[role],
+    matches: input.prefixMatches[role],
+    blockCount: input.prefixBlockCount,
+    loadFactor: input.policy.loadFactor,
+    loadAlpha: input.policy.cacheAware.loadAlpha,
+  };
+}
+
+interface Ranked {
+  kind: "ok";
+  decision: RoleDecision;
+  /** available, in-scope nodes under their bound, in the policy's order (the chosen one included) */
+  preferred: string[];
+  usedRoundRobin: boolean;
+}
+
+/** `empty`: the pool has no node; `none_in_group`: the group filter left nothing usable. */
+type RankOutcome = Ranked | { kind: "empty" } | { kind: "none_in_group" };
+
+const isAvailable = (n: CandidateNode): boolean => n.healthy && !n.drain;
+const loadPerWeight = (n: CandidateNode): number => n.load / (n.weight > 0 ? n.weight : 1);
+
+/**
+ * Ranks one role's pool by its policy and picks a node. `group` restricts the pick to one group
+ * (pdGroup strict); out-of-group nodes are still listed, marked skipped "group".
+ */
+function rankRole(pool: Pool, group?: string): RankOutcome {
+  const { nodes } = pool;
+  if (nodes.length === 0) return { kind: "empty" };
+  const inScope = (n: CandidateNode): boolean => group === undefined || n.group === group;
+  const scope = nodes.filter(inScope);
+  const eligible = (n: CandidateNode): boolean => isAvailable(n) && inScope(n);
+  if (scope.length === 0) return { kind: "none_in_group" };
+
+  const usesKey = pool.policy === "affinity" || pool.policy === "cache_aware";
+  const policy: PolicyName = usesKey && pool.key === null ? "round_robin" : pool.policy;
+  const bounded = policy === "affinity" || policy === "cache_aware";
+
+  // Load totals over the nodes that may take new work (all groups: load is a pool-wide picture).
+  // Over exactly that set the bounds sum to more than its load, so some node is under its bound.
+  let totalLoad = 0;
+  let totalWeight = 0;
+  for (const n of nodes) {
+    if (!isAvailable(n)) continue;
+    totalLoad += Math.max(0, n.load);
+    totalWeight += n.weight;
+  }
+  // A node outside that set (a draining sticky node) is measured as if it were one more member.
+  const boundOf = (n: CandidateNode): number =>
+    isAvailable(n)
+      ? loadBound(n.weight, totalWeight, totalLoad, pool.loadFactor)
+      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), pool.loadFactor);
+  const underOwnBound = (n: CandidateNode): boolean => !bounded || n.load < boundOf(n);
+
+  const rendezvous = new Map<string, number>();
+  if (pool.key !== null && policy !== "round_robin") {
+    for (const n of nodes) rendezvous.set(n.id, rendezvousScore(pool.key, n));
+  }
+  const byRendezvous = (a: CandidateNode, b: CandidateNode): number =>
+    (rendezvous.get(b.id) ?? 0) - (rendezvous.get(a.id) ?? 0) || compareIds(a.id, b.id);
+
+  // Session stickiness: the conversation's previous node keeps it, even while draining.
+  if (usesKey && pool.sticky !== undefined) {
+    const sticky = nodes.find((n) => n.id === pool.sticky);
+    if (sticky && sticky.healthy && inScope(sticky) && sticky.load < boundOf(sticky)) {
+      const order = policyOrder(pool, policy, nodes, inScope, totalLoad, totalWeight, byRendezvous);
+      return finish(order, sticky, "sticky", false);
+    }
+  }
+
+  const ready = scope.filter(isAvailable);
+  if (ready.length === 0) {
+    // Walk on to another group (strict) while some node elsewhere may take work.
+    if (group !== undefined && nodes.some(isAvailable)) return { kind: "none_in_group" };
+    return failOpen();
+  }
+
+  const order = policyOrder(pool, policy, nodes, inScope, totalLoad, totalWeight, byRendezvous);
+  let chosen = order.nodes.find((n) => eligible(n) && underOwnBound(n));
+  let rule: DecisionRule = policy;
+  if (chosen === undefined) {
+    // Every candidate is at its bound: possible only inside one group (strict) or with
+    // loadFactor < 1. Take the least loaded rather than refuse.
+    chosen = [...ready].sort((a, b) => loadPerWeight(a) - loadPerWeight(b))[0] as CandidateNode;
+    if (policy === "affinity") rule = "affinity_bounded_skip";
+  } else if (policy === "affinity") {
+    const before = order.nodes.slice(0, order.nodes.indexOf(chosen));
+    if (before.some((n) => eligible(n) && !underOwnBound(n))) rule = "affinity_bounded_skip";
+  }
+  return finish(order, chosen, rule, policy === "round_robin");
+
+  function finish(order: PolicyOrder, pick: CandidateNode, why: DecisionRule, usedRoundRobin: boolean): Ranked {
+    const ordered = order.nodes;
+    const candidates = ordered.map((n): ScoredCandidate => {
+      const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
+      if (bounded) c.bound = boundOf(n);
+      const rv = rendezvous.get(n.id);
+      if (rv !== undefined) c.rendezvous = rv;
+      const terms = order.terms?.get(n.id);
+      if (terms) {
+        c.matchedBlocks = terms.matched;
+        c.score = terms.score;
+      }
+      if (n !== pick) {
+        const skipped = skipReason(n);
+        if (skipped) c.skipped = skipped;
+      }
+      return c;
+    });
+    const preferred = ordered.filter((n) => eligible(n) && underOwnBound(n)).map((n) => n.id);
+    const overBound = ordered.filter((n) => eligible(n) && !underOwnBound(n)).map((n) => n.id);
+    const fallbacks = [...preferred, ...overBound].filter((id) => id !== pick.id);
+    return {
+      kind: "ok",
+      decision: { id: pick.id, rule: why, candidates, fallbacks, failOpen: false },
+      preferred,
+      usedRoundRobin,
+    };
+  }
+
+  function skipReason(n: CandidateNode): ScoredCandidate["skipped"] {
+    if (!n.healthy) return "unhealthy";
+    if (!inScope(n)) return "group";
+    if (n.drain) return "draining";
+    if (!underOwnBound(n)) return "over_bound";
+    return undefined;
+  }
+
+  /**
+   * No node in scope may take work: rather than refusing, take the one that failed least recently
+   * (healthy draining nodes first, when all that is left is draining).
+   */
+  function failOpen(): Ranked {
+    const healthy = scope.filter((n) => n.healthy);
+    const pick = healthy.length > 0 ? healthy : scope;
+    const ranked = [...pick].sort((a, b) => a.lastFailureAt - b.lastFailureAt || byRendezvous(a, b));
+    const rest = nodes.filter((n) => !pick.includes(n)).sort((a, b) => compareIds(a.id, b.id));
+    const chosenNode = ranked[0] as CandidateNode;
+    const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
+      const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
+      const rv = rendezvous.get(n.id);
+      if (rv !== undefined) c.rendezvous = rv;
+      if (n !== chosenNode) {
+        const skipped: ScoredCandidate["skipped"] = !inScope(n) ? "group" : !n.healthy ? "unhealthy" : "draining";
+        c.skipped = skipped;
+      }
+      return c;
+    });
+    return {
+      kind: "ok",
+      decision: {
+        id: chosenNode.id,
+        rule: "fail_open",
+        candidates,
+        fallbacks: ranked.slice(1).map((n) => n.id),
+        failOpen: true,
+      },
+      preferred: [],
+      usedRoundRobin: false,
+    };
+  }
+}
+
+interface PolicyOrder {
+  nodes: CandidateNode[];
+  terms?: Map<string, { matched: number; score: number }>;
+}
+
+/** Every node of the pool in the policy's order, best first. */
+function policyOrder(
+  pool: Pool,
+  policy: PolicyName,
+  nodes: CandidateNode[],
+  inScope: (n: CandidateNode) => boolean,
+  totalLoad: number,
+  totalWeight: number,
+  byRendezvous: (a: CandidateNode, b: CandidateNode) => number,
+): PolicyOrder {
+  switch (policy) {
+    case "round_robin": {
+      // The cycle is the available in-scope nodes by id; the cursor picks where it starts.
+      const byId = [...nodes].sort((a, b) => compareIds(a.id, b.id));
+      const cycle = byId.filter((n) => isAvailable(n) && inScope(n));
+      const rest = byId.filter((n) => !cycle.includes(n));
+      const start = cycle.length === 0 ? 0 : positiveModulo(pool.cursor, cycle.length);
+      return { nodes: [...cycle.slice(start), ...cycle.slice(0, start), ...rest] };
+    }
+    case "affinity":
+      return { nodes: [...nodes].sort(byRendezvous) };
+    case "least_load":
+      return { nodes: [...nodes].sort((a, b) => loadPerWeight(a) - loadPerWeight(b) || byRendezvous(a, b)) };
+    case "cache_aware": {
+      // score = matched/total - loadAlpha * (load/weight) / (mean load per weight of the pool).
+      // No blocks: the prefix term is 0. Nothing in flight: the load term is 0. Equal scores
+      // (a system prompt every node holds, or nothing held anywhere) fall to rendezvous order,
+      // which spreads new conversations like affinity does.
+      const meanPerWeight = totalWeight > 0 ? totalLoad / totalWeight : 0;
+      const terms = new Map<string, { matched: number; score: number }>();
+      for (const n of nodes) {
+        const matched = Math.max(0, Math.min(pool.matches[n.id] ?? 0, pool.blockCount));
+        const prefix = pool.blockCount > 0 ? matched / pool.blockCount : 0;
+        const relativeLoad = meanPerWeight > 0 ? loadPerWeight(n) / meanPerWeight : 0;
+        terms.set(n.id, { matched, score: prefix - pool.loadAlpha * relativeLoad });
+      }
+      const scoreOf = (n: CandidateNode): number => terms.get(n.id)?.score ?? 0;
+      return { nodes: [...nodes].sort((a, b) => scoreOf(b) - scoreOf(a) || byRendezvous(a, b)), terms };
+    }
+  }
+}
+
+function positiveModulo(value: number, n: number): number {
+  const v = Number.isFinite(value) ? Math.trunc(value) : 0;
+  return ((v % n) + n) % n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// pdGroup
+
+/**
+ * prefer: take the best-ranked D in P's group (g) over the best D overall (b) when
+ * (g.load + 1) / g.weight <= (b.load + 1) / b.weight * (1 + bonus). The +1 counts the request
+ * being placed, so an idle best D does not make every busy in-group D lose (0 * 1.3 = 0), and
+ * dividing by weight compares nodes of different sizes fairly. A sticky or fail-open D stays.
+ */
+function preferGroup(decode: Ranked, pool: Pool, group: string, bonus: number): RoleDecision {
+  const decision = decode.decision;
+  if (decision.rule === "sticky" || decision.failOpen) return decision;
+  const best = nodeById(pool.nodes, decision.id);
+  if (!best || best.group === group) return decision;
+  const inGroupId = decode.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
+  const inGroup = inGroupId === undefined ? undefined : nodeById(pool.nodes, inGroupId);
+  if (!inGroup) return decision;
+  const weightOf = (n: CandidateNode): number => (n.weight > 0 ? n.weight : 1);
+  const within = (inGroup.load + 1) / weightOf(inGroup) <= ((best.load + 1) / weightOf(best)) * (1 + bonus);
+  if (!within) return decision;
+
+  const order = [decision.id, ...decision.fallbacks].filter((id) => id !== inGroup.id);
+  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === group;
+  const pickedAt = decision.candidates.findIndex((c) => c.id === inGroup.id);
+  return {
+    id: inGroup.id,
+    rule: "pdgroup_prefer",
+    candidates: decision.candidates.map((c, i) =>
+      i < pickedAt && c.skipped === undefined && c.group !== group ? { ...c, skipped: "group" } : c,
+    ),
+    fallbacks: [...order.filter(sameGroup), ...order.filter((id) => !sameGroup(id))],
+    failOpen: false,
+  };
+}
+
+interface StrictOutcome {
+  prefill: RoleDecision;
+  decode: RoleDecision;
+  decodeUsedRoundRobin: boolean;
+}
+
+/**
+ * strict: walk P's ranking (its pick, then its fallbacks) to the first P whose group has a D that
+ * may take the request, and pick that D by the decode policy within the group. Both roles'
+ * fallbacks stay inside the group, so a failover never crosses groups either.
+ */
+function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Result<StrictOutcome, SelectionError> {
+  const walk = [prefill.decision.id, ...prefill.decision.fallbacks];
+  const tried: string[] = [];
+  for (const [index, pid] of walk.entries()) {
+    const group = nodeById(prefillPool.nodes, pid)?.group;
+    if (group === undefined || tried.includes(group)) continue;
+    tried.push(group);
+    const decode = rankRole(decodePool, group);
+    if (decode.kind !== "ok") continue;
+
+    const sameGroup = (id: string): boolean => nodeById(prefillPool.nodes, id)?.group === group;
+    const passedOver = new Set(walk.slice(0, index));
+    const p = prefill.decision;
+    const prefillDecision: RoleDecision = {
+      id: pid,
+      rule: index === 0 ? p.rule : "pdgroup_strict",
+      candidates: p.candidates.map((c) =>
+        passedOver.has(c.id) ? { ...c, skipped: "group" } : c.id === pid ? withoutSkip(c) : c,
+      ),
+      fallbacks: walk.filter((id) => id !== pid && sameGroup(id)),
+      failOpen: p.failOpen,
+    };
+    const d = decode.decision;
+    const decodeDecision: RoleDecision =
+      d.rule === "sticky" || d.rule === "fail_open" ? d : { ...d, rule: "pdgroup_strict" };
+    return {
+      ok: true,
+      value: { prefill: prefillDecision, decode: decodeDecision, decodeUsedRoundRobin: decode.usedRoundRobin },
+    };
+  }
+
+  const available = [...new Set(decodePool.nodes.filter(isAvailable).map((n) => n.group))];
+  const message =
+    `pdGroup is strict and no decode node may take work in the group of any prefill candidate ` +
+    `(prefill groups tried: ${tried.join(", ") || "none"}; ` +
+    `groups with an available decode node: ${available.join(", ") || "none"})`;
+  return fail({ kind: "no_decode_in_group", message });
+}
+
+function withoutSkip(c: ScoredCandidate): ScoredCandidate {
+  if (c.skipped === undefined) return c;
+  const { skipped: _skipped, ...rest } = c;
+  return rest;
+}
+
+function nodeById(nodes: readonly CandidateNode[], id: string): CandidateNode | undefined {
+  return nodes.find((n) => n.id === id);
+}
+
+function fail<T>(error: SelectionError): Result<T, SelectionError> {
+  return { ok: false, error };
+}

@@ -1,0 +1,109 @@
+// Plain data shared by the pure selection core, the Durable Object and the routes.
+// Nothing here touches env, fetch or the clock (STYLE.md: pure core, thin shell).
+
+export type Role = "prefill" | "decode";
+export type PolicyName = "round_robin" | "affinity" | "cache_aware" | "least_load";
+export type PdGroupMode = "off" | "prefer" | "strict";
+
+export interface CacheAwareParams {
+  /** characters a prefix block holds (the index and the request must agree) */
+  blockChars: number;
+  /** weight of the load term against the matched-prefix term */
+  loadAlpha: number;
+}
+
+export interface SelectionPolicy {
+  prefill: PolicyName;
+  decode: PolicyName;
+  pdGroup: PdGroupMode;
+  pdGroupBonus: number;
+  loadFactor: number;
+  cacheAware: CacheAwareParams;
+}
+
+/** One node as the selection core sees it, for one role. */
+export interface CandidateNode {
+  id: string;
+  weight: number;
+  /** resolved group: the node's `group`, or a group of its own when it has none */
+  group: string;
+  /** in-flight requests on this node in this role */
+  load: number;
+  /** may take new work: probes up, breaker closed (or half-open trial due) */
+  healthy: boolean;
+  /** draining: no new conversations, but sticky ones stay */
+  drain: boolean;
+  /** epoch ms of the node's last failure, 0 if none (fail-open picks the least recent) */
+  lastFailureAt: number;
+}
+
+export interface SelectionInput {
+  policy: SelectionPolicy;
+  /** colocated: one hop, the decode pool's pick serves both legs */
+  colocated: boolean;
+  prefill: CandidateNode[];
+  decode: CandidateNode[];
+  /** hex SHA-256 of the affinity key material, null when the request has none */
+  key: string | null;
+  /** cache_aware: number of leading prefix blocks each node is believed to hold, by role */
+  prefixMatches: { prefill: Record<string, number>; decode: Record<string, number> };
+  /** cache_aware: how many prefix blocks the request has */
+  prefixBlockCount: number;
+  /** the conversation's previous P and D (session stickiness), if remembered */
+  sticky: { prefill?: string; decode?: string } | null;
+  /** round-robin cursors per pool (monotonic counters) */
+  cursors: { prefill: number; decode: number };
+}
+
+/** Why a node was chosen; shown by POST /v1/route. */
+export type DecisionRule =
+  | "round_robin"
+  | "affinity"
+  | "affinity_bounded_skip"
+  | "least_load"
+  | "cache_aware"
+  | "sticky"
+  | "pdgroup_prefer"
+  | "pdgroup_strict"
+  | "colocated"
+  | "fail_open";
+
+export interface ScoredCandidate {
+  id: string;
+  load: number;
+  healthy: boolean;
+  drain: boolean;
+  group: string;
+  /** load bound this node had for this request (bounded load), if the policy uses one */
+  bound?: number;
+  /** rendezvous score (higher ranks first), if the policy uses one */
+  rendezvous?: number;
+  /** cache_aware terms */
+  matchedBlocks?: number;
+  score?: number;
+  /** the node was passed over, and why */
+  skipped?: "unhealthy" | "draining" | "over_bound" | "group";
+}
+
+export interface RoleDecision {
+  id: string;
+  rule: DecisionRule;
+  /** every candidate of the pool in the order the policy ranked them */
+  candidates: ScoredCandidate[];
+  /** ids to fail over to, best first, the chosen one excluded */
+  fallbacks: string[];
+  /** true when no healthy node existed and the least recently failed one was taken */
+  failOpen: boolean;
+}
+
+export interface Decision {
+  prefill: RoleDecision;
+  decode: RoleDecision;
+  cursors: { prefill: number; decode: number };
+}
+
+export type SelectionError =
+  | { kind: "no_nodes"; role: Role }
+  | { kind: "no_decode_in_group"; message: string };
+
+export type Result<T, E> = { ok: true; value: T } | { ok: false; error: E };

@@ -1,0 +1,86 @@
+import { describe, expect, it } from "vitest";
+import fc from "fast-check";
+import { PrefixIndex } from "../../../src/routing/prefix-index";
+
+const chain = (name: string, n: number) => Array.from({ length: n }, (_, i) => `${name}${i}`);
+
+describe("PrefixIndex", () => {
+  it("counts the leading blocks each node holds, stopping at the first it lacks", () => {
+    const index = new PrefixIndex(100);
+    index.record(["s", "a1", "a2", "a3"], "n1");
+    index.record(["s", "b1"], "n2");
+    index.record(["s", "a1"], "n3");
+    expect(index.match(["s", "a1", "a2", "a3", "a4"], ["n1", "n2", "n3", "n4"])).toEqual({ n1: 4, n2: 1, n3: 2, n4: 0 });
+    expect(index.match(["x", "a1"], ["n1"])).toEqual({ n1: 0 });
+    expect(index.match([], ["n1"])).toEqual({ n1: 0 });
+  });
+
+  it("stops a node's count at a gap even when it holds later blocks", () => {
+    const index = new PrefixIndex(100);
+    index.record(["s", "a1", "a2"], "n1");
+    index.forget("n1");
+    index.record(["s", "a2"], "n1");
+    expect(index.match(["s", "a1", "a2"], ["n1"])).toEqual({ n1: 1 });
+  });
+
+  it("forgets a node everywhere and drops entries nobody holds", () => {
+    const index = new PrefixIndex(100);
+    index.record(["s", "a1"], "n1");
+    index.record(["s"], "n2");
+    index.forget("n1");
+    expect(index.size).toBe(1);
+    expect(index.match(["s", "a1"], ["n1", "n2"])).toEqual({ n1: 0, n2: 1 });
+  });
+
+  it("is bounded, evicting the least recently used entries", () => {
+    const index = new PrefixIndex(4);
+    index.record(chain("a", 2), "n1"); // a0 a1
+    index.record(chain("b", 2), "n1"); // b0 b1
+    index.match(chain("a", 2), ["n1"]); // touch a0 a1: now b is older
+    index.record(chain("c", 2), "n1"); // evicts b
+    expect(index.size).toBe(4);
+    expect(index.match(chain("a", 2), ["n1"])).toEqual({ n1: 2 });
+    expect(index.match(chain("b", 2), ["n1"])).toEqual({ n1: 0 });
+    expect(index.match(chain("c", 2), ["n1"])).toEqual({ n1: 2 });
+  });
+
+  it("keeps a long request's head blocks over its tail when over capacity", () => {
+    const index = new PrefixIndex(3);
+    index.record(chain("a", 5), "n1");
+    expect(index.size).toBe(3);
+    expect(index.match(chain("a", 5), ["n1"])).toEqual({ n1: 3 });
+  });
+
+  it("never exceeds its bound and matches what was recorded (model check)", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.tuple(fc.nat(5), fc.integer({ min: 1, max: 6 }), fc.constantFrom("n1", "n2", "n3")), { maxLength: 60 }),
+        (ops) => {
+          const index = new PrefixIndex(1000); // large: nothing evicted, so it must agree with a plain model
+          const model = new Map<string, Set<string>>();
+          for (const [conv, len, nodeId] of ops) {
+            const hashes = chain(`c${conv}-`, len);
+            index.record(hashes, nodeId);
+            for (const h of hashes) model.set(h, (model.get(h) ?? new Set()).add(nodeId));
+          }
+          for (let conv = 0; conv <= 5; conv++) {
+            const hashes = chain(`c${conv}-`, 6);
+            const got = index.match(hashes, ["n1", "n2", "n3"]);
+            for (const id of ["n1", "n2", "n3"]) {
+              let expected = 0;
+              while (expected < hashes.length && model.get(hashes[expected]!)?.has(id)) expected++;
+              expect(got[id]).toBe(expected);
+            }
+          }
+          const small = new PrefixIndex(7);
+          for (const [conv, len, nodeId] of ops) small.record(chain(`c${conv}-`, len), nodeId);
+          expect(small.size).toBeLessThanOrEqual(7);
+        },
+      ),
+    );
+  });
+
+  it("documents its memory cost per entry", () => {
+    expect(PrefixIndex.BYTES_PER_ENTRY_ESTIMATE).toBeGreaterThan(0);
+  });
+});
