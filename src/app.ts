@@ -1,0 +1,65 @@
+import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { HTTPException } from "hono/http-exception";
+import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
+import { errorEnvelope, RouterError } from "./errors";
+import { explainRoute, forwardInference, type AppEnv } from "./routes/inference";
+import { listModels } from "./routes/models";
+
+const REQUEST_ID = /^[\x21-\x7e]{1,128}$/;
+
+export const app = new Hono<AppEnv>();
+
+app.use(async function requestId(c, next) {
+  const given = c.req.header("x-request-id");
+  const id = given && REQUEST_ID.test(given) ? given : crypto.randomUUID();
+  c.set("requestId", id);
+  await next();
+  c.res.headers.set("x-request-id", id);
+});
+
+app.use("/v1/*", async function limitBody(c, next) {
+  if (c.req.method !== "POST") return next();
+  const maxSize = maxBodyBytes(c.env);
+  return bodyLimit({
+    maxSize,
+    onError: () => {
+      throw new RouterError(413, `The request body exceeds the limit of ${maxSize} bytes.`, "invalid_request_error", "request_too_large");
+    },
+  })(c, next);
+});
+
+app.get("/healthz", (c) => c.json({ status: "ok" }));
+
+app.get("/v1/models", async (c) => {
+  const config = requireConfig(await currentConfig(c.env));
+  const models = await listModels(config);
+  return c.json({ object: "list", data: models.map((id) => ({ id, object: "model", created: 0, owned_by: "pd-edge-router" })) });
+});
+
+app.post("/v1/chat/completions", (c) => forwardInference(c, "chat"));
+app.post("/v1/completions", (c) => forwardInference(c, "completion"));
+
+app.post("/v1/route", async (c) => {
+  const raw = await c.req.text();
+  // The body is the one the client would send; chat when it has messages.
+  const kind = /"messages"\s*:/.test(raw) ? "chat" : "completion";
+  return explainRoute(c, kind, raw);
+});
+
+app.notFound(() => {
+  throw new RouterError(404, "Unknown route.", "not_found_error", "unknown_route");
+});
+
+app.onError((err, c) => {
+  const error =
+    err instanceof RouterError
+      ? err
+      : err instanceof HTTPException
+        ? new RouterError(err.status as 400, err.message || "Bad request.", err.status >= 500 ? "server_error" : "invalid_request_error", "http_error")
+        : new RouterError(500, "Internal error in the router.", "server_error", "internal_error");
+  if (!(err instanceof RouterError) && !(err instanceof HTTPException)) {
+    console.error(JSON.stringify({ event: "unhandled_error", requestId: c.get("requestId"), error: String(err) }));
+  }
+  return c.json(errorEnvelope(error), error.status, { ...error.headers, "x-request-id": c.get("requestId") ?? "" });
+});

@@ -1,0 +1,106 @@
+import { parseClusterDocument, type ClusterConfig, type ConfigDefaults, type Problem } from "./schema";
+
+export const CONFIG_KEY = "nodes";
+export const DEFAULT_CONFIG_TTL_MS = 5_000;
+
+/** What the isolate currently serves: the last valid document, and what is wrong with the stored one. */
+export interface ConfigSnapshot {
+  /** the document being served (the stored one when valid, else the last valid one), null when none */
+  config: ClusterConfig | null;
+  /** version of the served document (stable across isolates for the same text) */
+  version: string;
+  /** problems of the stored document; empty when it is valid */
+  problems: Problem[];
+  /** true when the stored document is invalid or missing and an older one is served */
+  stale: boolean;
+}
+
+export interface ConfigSource {
+  read(): Promise<string | null>;
+  /** remembers the last valid text outside the isolate, so a new isolate can serve it too */
+  saveLastGood?(raw: string): Promise<void>;
+  loadLastGood?(): Promise<string | null>;
+  defaults: ConfigDefaults;
+  ttlMs: number;
+  now(): number;
+  log?(event: Record<string, unknown>): void;
+}
+
+/** Cheap stable text fingerprint (FNV-1a, 32-bit) — only used to notice a changed document. */
+export function textVersion(text: string): string {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return (h >>> 0).toString(16).padStart(8, "0") + text.length.toString(16);
+}
+
+/**
+ * Loads the cluster document with an isolate-level cache. An invalid or missing document
+ * never replaces a valid one; it is reported (problems) while the last valid one serves.
+ */
+export class ClusterConfigLoader {
+  private lastGood: { raw: string; config: ClusterConfig; version: string } | null = null;
+  private snapshot: ConfigSnapshot | null = null;
+  private loadedAt = -Infinity;
+  private lastRaw: string | null | undefined = undefined;
+  private inflight: Promise<ConfigSnapshot> | null = null;
+
+  async get(source: ConfigSource): Promise<ConfigSnapshot> {
+    if (this.snapshot && source.now() - this.loadedAt < source.ttlMs) return this.snapshot;
+    this.inflight ??= this.refresh(source).finally(() => {
+      this.inflight = null;
+    });
+    return this.inflight;
+  }
+
+  /** Drops the isolate cache (tests, and the admin API after a write). */
+  invalidate(): void {
+    this.loadedAt = -Infinity;
+  }
+
+  private async refresh(source: ConfigSource): Promise<ConfigSnapshot> {
+    let raw: string | null;
+    try {
+      raw = await source.read();
+    } catch (err) {
+      // KV unreachable: keep serving what we have rather than failing every request.
+      if (this.snapshot) return this.snapshot;
+      raw = null;
+      source.log?.({ event: "config_read_failed", error: String(err) });
+    }
+    this.loadedAt = source.now();
+    if (this.snapshot && raw === this.lastRaw) return this.snapshot;
+    this.lastRaw = raw;
+
+    const problems: Problem[] = [];
+    if (raw === null) {
+      problems.push({ path: "(document)", message: `no cluster document in KV binding NODES at key "${CONFIG_KEY}"` });
+    } else {
+      const parsed = parseClusterDocument(raw, source.defaults);
+      if (parsed.ok) {
+        const fresh = this.lastGood?.raw !== raw;
+        this.lastGood = { raw, config: parsed.config, version: textVersion(raw) };
+        if (fresh) await source.saveLastGood?.(raw).catch(() => undefined);
+      } else {
+        problems.push(...parsed.problems);
+      }
+    }
+    if (problems.length > 0) {
+      source.log?.({ event: "config_invalid", problems });
+      if (!this.lastGood && source.loadLastGood) {
+        const saved = await source.loadLastGood().catch(() => null);
+        const parsed = saved ? parseClusterDocument(saved, source.defaults) : null;
+        if (saved && parsed?.ok) this.lastGood = { raw: saved, config: parsed.config, version: textVersion(saved) };
+      }
+    }
+    this.snapshot = {
+      config: this.lastGood?.config ?? null,
+      version: this.lastGood?.version ?? "none",
+      problems,
+      stale: problems.length > 0 && this.lastGood !== null,
+    };
+    return this.snapshot;
+  }
+}

@@ -1,0 +1,23 @@
+import type { ClusterState } from "./state/cluster-state";
+
+/** Bindings and secrets of the Worker. Secrets named by a node's `apiKeySecret` are read dynamically. */
+export interface Env {
+  NODES: KVNamespace;
+  CLUSTER_STATE: DurableObjectNamespace<ClusterState>;
+  /** defaults for the cluster document, overridden by the KV document */
+  DEFAULT_PROTOCOL?: string;
+  DEFAULT_POLICY?: string;
+  /** max request body in bytes (default 10 MB) */
+  MAX_BODY_BYTES?: string;
+  /** isolate cache TTL of the cluster document in ms (default 5000) */
+  CONFIG_TTL_MS?: string;
+  ADMIN_TOKEN?: string;
+  API_KEYS?: string;
+  METRICS_TOKEN?: string;
+  STATUS_PUBLIC?: string;
+  /** optional Workers rate-limiting binding (`[[ratelimits]]` in wrangler.toml) */
+  RATE_LIMITER?: RateLimit;
+  /** the binding's period in seconds, sent as `retry-after` when limited (default 60) */
+  RATE_LIMIT_PERIOD_S?: string;
+  [secret: string]: unknown;
+}

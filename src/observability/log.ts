@@ -1,0 +1,28 @@
+/**
+ * One JSON object per line per request (Workers Logs / `wrangler tail` pick it up).
+ * Never prompt text or keys: only ids, hashes, timings and outcomes.
+ */
+export interface RequestLog {
+  requestId: string;
+  route: string;
+  model?: string | undefined;
+  policy?: string | undefined;
+  prefill?: string | undefined;
+  decode?: string | undefined;
+  keyHash?: string | null | undefined;
+  keySource?: string | null | undefined;
+  rule?: string | undefined;
+  status: number;
+  outcome: string;
+  routeMs?: number | undefined;
+  prefillMs?: number | undefined;
+  decodeTtfbMs?: number | undefined;
+  totalMs: number;
+  failOpen?: string[] | undefined;
+  error?: string | undefined;
+}
+
+export function logRequest(entry: RequestLog): void {
+  const clean = Object.fromEntries(Object.entries(entry).filter(([, v]) => v !== undefined));
+  console.log(JSON.stringify({ event: "request", ...clean }));
+}

@@ -1,0 +1,125 @@
+import type { Context } from "hono";
+import { background } from "../auth/client-access";
+import type { ConfigSnapshot } from "../config/load";
+import { clusterState, clusterView, currentConfig } from "../config/runtime";
+import type { Env } from "../env";
+import type { RouterError } from "../errors";
+import type { ClusterSnapshot, KeyCount } from "../state/types";
+import { logRequest } from "./log";
+import type { MetricFamily, Sample } from "./prometheus";
+
+/** What /metrics is built from: the Durable Object's shared state plus the isolate's view of the document. */
+export interface MetricsInput {
+  snapshot: ClusterSnapshot;
+  keys: KeyCount[];
+  config: { valid: boolean; stale: boolean; problems: number; served: boolean };
+}
+
+const BREAKER_STATES = ["closed", "open", "half_open"] as const;
+
+/** The metric families of the router (docs/operations.md lists them). Pure: no env, no clock. */
+export function clusterMetrics({ snapshot, keys, config }: MetricsInput): MetricFamily[] {
+  const nodes = snapshot.nodes;
+  const perNode = (value: (n: (typeof nodes)[number]) => number): Sample[] => nodes.map((n) => ({ labels: { node: n.id }, value: value(n) }));
+  const prefixRatio = snapshot.prefix.lookedUpBlocks > 0 ? snapshot.prefix.matchedBlocks / snapshot.prefix.lookedUpBlocks : 0;
+  return [
+    {
+      name: "pd_router_requests_total",
+      help: "Requests answered by the router, by route and HTTP status (including those refused before routing).",
+      type: "counter",
+      samples: snapshot.requests.map((r) => ({ labels: { route: r.route, status: String(r.status) }, value: r.count })),
+    },
+    {
+      name: "pd_router_node_requests_total",
+      help: "Requests routed to a node, by node and the role it served them in.",
+      type: "counter",
+      samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.requestsTotal[role] }))),
+    },
+    { name: "pd_router_node_failures_total", help: "Requests that failed through the node's fault (connect, timeout, 5xx).", type: "counter", samples: perNode((n) => n.failuresTotal) },
+    { name: "pd_router_node_inflight", help: "Requests in flight on the node (prefill legs running plus decode streams open).", type: "gauge", samples: perNode((n) => n.inflight.prefill + n.inflight.decode) },
+    {
+      name: "pd_router_node_inflight_by_role",
+      help: "Requests in flight on the node, by role.",
+      type: "gauge",
+      samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.inflight[role] }))),
+    },
+    { name: "pd_router_node_inflight_tokens", help: "Estimated prompt tokens of the decode streams open on the node.", type: "gauge", samples: perNode((n) => n.inflight.tokens) },
+    { name: "pd_router_node_healthy", help: "1 when the node may take new work (probes up and not ejected), else 0.", type: "gauge", samples: perNode((n) => (n.healthy ? 1 : 0)) },
+    { name: "pd_router_node_probe_up", help: "1 when the node's active /health probes say it is up.", type: "gauge", samples: perNode((n) => (n.probeUp ? 1 : 0)) },
+    { name: "pd_router_node_draining", help: "1 when the node is marked drain in the cluster document.", type: "gauge", samples: perNode((n) => (n.drain ? 1 : 0)) },
+    {
+      name: "pd_router_node_breaker_state",
+      help: "Circuit breaker state of the node: 1 for the current state, 0 for the others.",
+      type: "gauge",
+      samples: nodes.flatMap((n) => BREAKER_STATES.map((state) => ({ labels: { node: n.id, state }, value: n.breaker === state ? 1 : 0 }))),
+    },
+    {
+      name: "pd_router_route_decisions_total",
+      help: "Selection decisions, by role and the rule that decided.",
+      type: "counter",
+      samples: snapshot.decisions.map((d) => ({ labels: { role: d.role, rule: d.rule }, value: d.count })),
+    },
+    { name: "pd_router_prefix_lookup_blocks_total", help: "Prefix blocks looked up in the cache_aware prefix index.", type: "counter", samples: [{ value: snapshot.prefix.lookedUpBlocks }] },
+    { name: "pd_router_prefix_matched_blocks_total", help: "Prefix blocks the chosen node was estimated to hold already.", type: "counter", samples: [{ value: snapshot.prefix.matchedBlocks }] },
+    { name: "pd_router_prefix_hit_ratio", help: "Estimated prefix-cache hit ratio of routed requests (matched / looked-up blocks).", type: "gauge", samples: [{ value: prefixRatio }] },
+    {
+      name: "pd_router_prefix_index_entries",
+      help: "Entries in the prefix index, by role.",
+      type: "gauge",
+      samples: [
+        { labels: { role: "prefill" }, value: snapshot.prefix.prefillEntries },
+        { labels: { role: "decode" }, value: snapshot.prefix.decodeEntries },
+      ],
+    },
+    { name: "pd_router_decode_ttfb_seconds", help: "Time from sending the decode leg to its first byte.", type: "histogram", samples: [snapshot.latency.ttfb] },
+    { name: "pd_router_prefill_seconds", help: "Time the prefill leg took (until P answered).", type: "histogram", samples: [snapshot.latency.prefill] },
+    { name: "pd_router_leases", help: "Requests holding a load lease in the Durable Object.", type: "gauge", samples: [{ value: snapshot.leases }] },
+    {
+      name: "pd_router_key_requests_total",
+      help: "Authenticated requests, by API key label (the first 12 hex digits of a SHA-256 of the key).",
+      type: "counter",
+      samples: keys.map((k) => ({ labels: { key: k.key }, value: k.count })),
+    },
+    { name: "pd_router_config_valid", help: "1 when the stored cluster document is valid, else 0 (the last valid one keeps serving).", type: "gauge", samples: [{ value: config.valid ? 1 : 0 }] },
+    { name: "pd_router_config_stale", help: "1 when an older valid document serves because the stored one is invalid or missing.", type: "gauge", samples: [{ value: config.stale ? 1 : 0 }] },
+    { name: "pd_router_config_problems", help: "Problems found in the stored cluster document.", type: "gauge", samples: [{ value: config.problems }] },
+    { name: "pd_router_config_serving", help: "1 when a valid cluster document is being served.", type: "gauge", samples: [{ value: config.served ? 1 : 0 }] },
+  ];
+}
+
+const KNOWN_ROUTES = new Set(["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/route", "/healthz", "/metrics", "/status", "/status.json"]);
+
+/** The `route` label: a known path, `/admin`, or `other` (an unknown path must not mint a new series). */
+export function routeLabel(path: string): string {
+  if (KNOWN_ROUTES.has(path)) return path;
+  if (path === "/admin" || path.startsWith("/admin/")) return "/admin";
+  return "other";
+}
+
+/** Errors produced after routing: the inference route's own finish() has counted those already. */
+const COUNTED_AFTER_ROUTING = new Set(["upstream_rejected", "upstream_timeout", "upstream_unavailable", "client_closed_request"]);
+
+/** Counts (and logs) a request refused before routing: bad input, auth, limits, unknown route or model. */
+export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestId: string } }>, error: RouterError): void {
+  if (COUNTED_AFTER_ROUTING.has(error.code)) return;
+  const route = routeLabel(new URL(c.req.url).pathname);
+  logRequest({ requestId: c.get("requestId") ?? "", route, status: error.status, outcome: "rejected", error: error.code, totalMs: 0 });
+  background(c, clusterState(c.env).count(route, error.status));
+}
+
+/** Counts a successful answer of a route that takes no lease (models, dry runs). */
+export function recordAnswered(c: Context<{ Bindings: Env }>, status: number): void {
+  background(c, clusterState(c.env).count(routeLabel(new URL(c.req.url).pathname), status));
+}
+
+/**
+ * The shared state as operators see it. Passing the served document's view to the Durable
+ * Object makes every configured node appear (at 0) before any request was routed.
+ */
+export async function readClusterStatus(env: Env): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
+  const config = await currentConfig(env);
+  const state = clusterState(env);
+  const view = config.config ? clusterView(config.config, config.version) : undefined;
+  const [snapshot, keys] = await Promise.all([state.snapshot(view), state.keyCounts()]);
+  return { config, snapshot, keys };
+}

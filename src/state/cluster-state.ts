@@ -1,0 +1,415 @@
+import { DurableObject } from "cloudflare:workers";
+import { PrefixIndex } from "../routing/prefix-index";
+import { selectRoute } from "../routing/select";
+import type { CandidateNode, Role } from "../routing/types";
+import {
+  breakerState,
+  freshHealth,
+  isHealthy,
+  onFailure,
+  onInconclusive,
+  onPicked,
+  onProbe,
+  onSuccess,
+  type NodeHealth,
+} from "./health";
+import type {
+  ClusterSnapshot,
+  ClusterView,
+  FailoverResponse,
+  FinishReport,
+  Histogram,
+  KeyCount,
+  LegReport,
+  RouteRequest,
+  RouteResponse,
+} from "./types";
+
+/** A lease expires by itself after this, so a lost release cannot leak load. */
+export const LEASE_TTL_MS = 10 * 60_000;
+const PREFIX_INDEX_ENTRIES = 200_000;
+const STICKY_ENTRIES = 100_000;
+const LATENCY_BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+
+interface NodeLease {
+  /** P while its prefill leg runs; cleared when P answered */
+  prefill: string | null;
+  decode: string;
+  tokens: number;
+  expiresAt: number;
+  fallbacks: { prefill: string[]; decode: string[] };
+  model: string;
+}
+
+interface NodeCounters {
+  prefill: number;
+  decode: number;
+  tokens: number;
+  requestsPrefill: number;
+  requestsDecode: number;
+}
+
+const newHistogram = (): Histogram => ({ bounds: LATENCY_BOUNDS, counts: LATENCY_BOUNDS.map(() => 0), sum: 0, count: 0 });
+
+function observe(h: Histogram, ms: number): void {
+  const s = ms / 1000;
+  const i = h.bounds.findIndex((b) => s <= b);
+  if (i >= 0) h.counts[i] = (h.counts[i] ?? 0) + 1;
+  h.sum += s;
+  h.count += 1;
+}
+
+/**
+ * The one object that coordinates the cluster: round-robin cursors (SQLite), in-flight
+ * leases, node health, the prefix index and shared counters. It gathers the inputs,
+ * calls the pure selection core and applies the result; all policy lives in src/routing.
+ */
+export class ClusterState extends DurableObject {
+  private cluster: ClusterView | null = null;
+  private readonly health = new Map<string, NodeHealth>();
+  private readonly counters = new Map<string, NodeCounters>();
+  private readonly leases = new Map<string, NodeLease>();
+  private readonly prefixIndex = { prefill: new PrefixIndex(PREFIX_INDEX_ENTRIES), decode: new PrefixIndex(PREFIX_INDEX_ENTRIES) };
+  private readonly sticky = new Map<string, { prefill: string; decode: string }>();
+  private readonly requests = new Map<string, number>();
+  /** requests per API key label (a short hash of the key, never the key) */
+  private readonly keyRequests = new Map<string, number>();
+  private readonly decisions = new Map<string, number>();
+  private readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
+  private prefixStats = { lookedUpBlocks: 0, matchedBlocks: 0 };
+  private cursors = { prefill: 0, decode: 0 };
+  private nextLease = 0;
+  private lastSweep = 0;
+
+  constructor(ctx: DurableObjectState, env: unknown) {
+    super(ctx, env as never);
+    ctx.blockConcurrencyWhile(async () => {
+      ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS cursor (pool TEXT PRIMARY KEY, value INTEGER NOT NULL)`);
+      ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)`);
+      for (const row of ctx.storage.sql.exec<{ pool: string; value: number }>(`SELECT pool, value FROM cursor`)) {
+        if (row.pool === "prefill" || row.pool === "decode") this.cursors[row.pool] = row.value;
+      }
+      const saved = ctx.storage.sql.exec<{ value: string }>(`SELECT value FROM kv WHERE key = 'cluster'`).toArray()[0];
+      if (saved) this.applyCluster(JSON.parse(saved.value) as ClusterView);
+    });
+  }
+
+  // ---- RPC: routing ---------------------------------------------------------------
+
+  /** Picks P and D for one request and, unless a dry run, takes its lease: one round trip. */
+  route(req: RouteRequest): RouteResponse {
+    const now = Date.now();
+    this.syncCluster(req.cluster);
+    this.sweep(now);
+    const cluster = req.cluster;
+    const serves = (n: ClusterView["nodes"][number]) => !n.models || n.models.includes(req.model);
+    const pool = (role: Role) =>
+      cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
+    const colocated = cluster.protocol === "colocated";
+    const usesPrefix = cluster.policy.prefill === "cache_aware" || cluster.policy.decode === "cache_aware";
+    const prefill = colocated ? [] : pool("prefill");
+    const decode = pool("decode");
+    const prefixMatches = {
+      prefill: usesPrefix && req.prefixHashes.length ? this.prefixIndex.prefill.match(req.prefixHashes, prefill.map((n) => n.id)) : {},
+      decode: usesPrefix && req.prefixHashes.length ? this.prefixIndex.decode.match(req.prefixHashes, decode.map((n) => n.id)) : {},
+    };
+    const sticky = req.key ? (this.sticky.get(req.key) ?? null) : null;
+    const result = selectRoute({
+      policy: cluster.policy,
+      colocated,
+      prefill,
+      decode,
+      key: req.key,
+      prefixMatches,
+      prefixBlockCount: req.prefixHashes.length,
+      sticky,
+      cursors: { ...this.cursors },
+    });
+    if (!result.ok) return { ok: false, error: result.error };
+    const decision = result.value;
+    if (req.dryRun) return { ok: true, leaseId: null, decision };
+
+    this.saveCursors(decision.cursors);
+    const p = decision.prefill.id;
+    const d = decision.decode.id;
+    for (const role of ["prefill", "decode"] as const) {
+      const key = `${role}\u0000${decision[role].rule}`;
+      this.decisions.set(key, (this.decisions.get(key) ?? 0) + 1);
+    }
+    if (req.key) this.remember(this.sticky, req.key, { prefill: p, decode: d }, STICKY_ENTRIES);
+    if (usesPrefix && req.prefixHashes.length) {
+      const matched = colocated ? (prefixMatches.decode[d] ?? 0) : (prefixMatches.prefill[p] ?? 0);
+      this.prefixStats.lookedUpBlocks += req.prefixHashes.length;
+      this.prefixStats.matchedBlocks += matched;
+      if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p);
+      this.prefixIndex.decode.record(req.prefixHashes, d);
+    }
+    const leaseId = `${now.toString(36)}-${(this.nextLease++).toString(36)}`;
+    const lease: NodeLease = {
+      prefill: colocated ? null : p,
+      decode: d,
+      tokens: req.tokens,
+      expiresAt: now + LEASE_TTL_MS,
+      fallbacks: { prefill: [...decision.prefill.fallbacks], decode: [...decision.decode.fallbacks] },
+      model: req.model,
+    };
+    this.leases.set(leaseId, lease);
+    if (lease.prefill) this.take(lease.prefill, "prefill", 0, now);
+    this.take(d, "decode", req.tokens, now);
+    return { ok: true, leaseId, decision };
+  }
+
+  /** P answered (or gave up): its part of the lease ends now, while D's goes on. */
+  prefillDone(leaseId: string, report: LegReport): void {
+    const now = Date.now();
+    const lease = this.leases.get(leaseId);
+    if (lease?.prefill === report.node) {
+      this.give(report.node, "prefill", 0);
+      lease.prefill = null;
+    }
+    this.applyOutcome(report, now);
+    if (report.ms !== undefined && report.outcome === "ok") observe(this.latency.prefill, report.ms);
+  }
+
+  /**
+   * A leg failed before anything reached the client: count the failure and move the
+   * lease to the next-ranked node of that role that may take work now.
+   */
+  failover(leaseId: string, role: Role, report: LegReport, wantNext = true): FailoverResponse {
+    const now = Date.now();
+    this.applyOutcome(report, now);
+    const lease = this.leases.get(leaseId);
+    if (!lease || !wantNext) return { next: null };
+    const held = role === "prefill" ? lease.prefill : lease.decode;
+    const candidates = lease.fallbacks[role];
+    const nextIndex = candidates.findIndex((id) => {
+      const h = this.health.get(id);
+      return h !== undefined && isHealthy(h, now);
+    });
+    if (nextIndex < 0) return { next: null };
+    const next = candidates[nextIndex]!;
+    lease.fallbacks[role] = candidates.slice(nextIndex + 1);
+    const tokens = role === "decode" ? lease.tokens : 0;
+    if (held) this.give(held, role, tokens);
+    this.take(next, role, tokens, now);
+    if (role === "prefill") lease.prefill = next;
+    else lease.decode = next;
+    return { next };
+  }
+
+  /** The request ended (completed, failed or aborted): release whatever the lease still holds, once. */
+  finish(leaseId: string | null, report: FinishReport): void {
+    const now = Date.now();
+    const key = `${report.route}\u0000${report.status}`;
+    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+    if (report.prefill) this.applyOutcome(report.prefill, now);
+    if (report.decode) {
+      this.applyOutcome(report.decode, now);
+      if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
+    }
+    if (leaseId) this.release(leaseId);
+  }
+
+  /** Keeps the last valid document text, so a new isolate can serve it while KV holds a bad one. */
+  saveLastGoodConfig(raw: string): void {
+    this.ctx.storage.sql.exec(`INSERT INTO kv (key, value) VALUES ('last_good_document', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, raw);
+  }
+
+  lastGoodConfig(): string | null {
+    return this.ctx.storage.sql.exec<{ value: string }>(`SELECT value FROM kv WHERE key = 'last_good_document'`).toArray()[0]?.value ?? null;
+  }
+
+  /** Counts a request that never reached routing (bad input, auth), for /metrics. */
+  count(route: string, status: number): void {
+    const key = `${route}\u0000${status}`;
+    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+  }
+
+  /** Counts one authenticated request under its key label, for /metrics. */
+  countKey(label: string): void {
+    this.keyRequests.set(label, (this.keyRequests.get(label) ?? 0) + 1);
+  }
+
+  keyCounts(): KeyCount[] {
+    return [...this.keyRequests].map(([key, count]) => ({ key, count }));
+  }
+
+  snapshot(cluster?: ClusterView): ClusterSnapshot {
+    const now = Date.now();
+    if (cluster) this.syncCluster(cluster);
+    this.sweep(now);
+    const nodes = (this.cluster?.nodes ?? []).map((n) => {
+      const h = this.health.get(n.id) ?? freshHealth();
+      const c = this.counters.get(n.id) ?? newCounters();
+      return {
+        id: n.id,
+        url: n.url,
+        roles: n.role === "both" ? (["prefill", "decode"] as Role[]) : [n.role],
+        group: n.group ?? null,
+        weight: n.weight,
+        drain: n.drain,
+        healthy: isHealthy(h, now),
+        probeUp: h.probeUp,
+        breaker: breakerState(h, now),
+        ejectedUntil: h.ejectedUntil,
+        failureStreak: h.failureStreak,
+        failuresTotal: h.failuresTotal,
+        lastFailureAt: h.lastFailureAt,
+        inflight: { prefill: c.prefill, decode: c.decode, tokens: c.tokens },
+        requestsTotal: { prefill: c.requestsPrefill, decode: c.requestsDecode },
+      };
+    });
+    const split = (m: Map<string, number>) => [...m].map(([k, count]) => ({ parts: k.split("\u0000"), count }));
+    return {
+      version: this.cluster?.version ?? null,
+      nodes,
+      leases: this.leases.size,
+      requests: split(this.requests).map(({ parts, count }) => ({ route: parts[0]!, status: Number(parts[1]), count })),
+      decisions: split(this.decisions).map(({ parts, count }) => ({ role: parts[0] as Role, rule: parts[1]!, count })),
+      prefix: {
+        prefillEntries: this.prefixIndex.prefill.size,
+        decodeEntries: this.prefixIndex.decode.size,
+        maxEntries: PREFIX_INDEX_ENTRIES,
+        ...this.prefixStats,
+      },
+      latency: this.latency,
+      now,
+    };
+  }
+
+  // ---- active health ----------------------------------------------------------------
+
+  /** Probes every node's /health, then re-arms itself. Idempotent: one alarm at a time. */
+  override async alarm(): Promise<void> {
+    const cluster = this.cluster;
+    if (!cluster) return;
+    const s = cluster.health;
+    await Promise.all(
+      cluster.nodes.map(async (n) => {
+        const ok = await probe(n.url, s.probeTimeoutMs);
+        const h = this.health.get(n.id);
+        if (h) onProbe(h, ok, Date.now(), s);
+      }),
+    );
+    this.sweep(Date.now());
+    await this.ctx.storage.setAlarm(Date.now() + s.intervalMs);
+  }
+
+  // ---- internals ----------------------------------------------------------------------
+
+  private syncCluster(view: ClusterView): void {
+    if (this.cluster?.version === view.version) return;
+    this.applyCluster(view);
+    this.ctx.storage.sql.exec(`INSERT INTO kv (key, value) VALUES ('cluster', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, JSON.stringify(view));
+    void this.ensureAlarm();
+  }
+
+  private applyCluster(view: ClusterView): void {
+    this.cluster = view;
+    const ids = new Set(view.nodes.map((n) => n.id));
+    for (const n of view.nodes) if (!this.health.has(n.id)) this.health.set(n.id, freshHealth());
+    // Nodes removed from the document are forgotten (their leases still release normally).
+    for (const id of [...this.health.keys()]) {
+      if (!ids.has(id)) {
+        this.health.delete(id);
+        this.prefixIndex.prefill.forget(id);
+        this.prefixIndex.decode.forget(id);
+        const c = this.counters.get(id);
+        if (c && c.prefill === 0 && c.decode === 0) this.counters.delete(id);
+      }
+    }
+  }
+
+  private async ensureAlarm(): Promise<void> {
+    const current = await this.ctx.storage.getAlarm();
+    if (current === null && this.cluster) await this.ctx.storage.setAlarm(Date.now() + this.cluster.health.intervalMs);
+  }
+
+  private candidate(n: ClusterView["nodes"][number], role: Role, now: number): CandidateNode {
+    const h = this.health.get(n.id) ?? freshHealth();
+    const c = this.counters.get(n.id);
+    return {
+      id: n.id,
+      weight: n.weight,
+      group: n.group ?? `node:${n.id}`,
+      load: c ? c[role] : 0,
+      healthy: isHealthy(h, now),
+      drain: n.drain,
+      lastFailureAt: h.lastFailureAt,
+    };
+  }
+
+  private take(node: string, role: Role, tokens: number, now: number): void {
+    const c = this.counters.get(node) ?? newCounters();
+    this.counters.set(node, c);
+    c[role] += 1;
+    c.tokens += tokens;
+    if (role === "prefill") c.requestsPrefill += 1;
+    else c.requestsDecode += 1;
+    const h = this.health.get(node);
+    if (h) onPicked(h, now);
+  }
+
+  private give(node: string, role: Role, tokens: number): void {
+    const c = this.counters.get(node);
+    if (!c) return;
+    c[role] = Math.max(0, c[role] - 1);
+    c.tokens = Math.max(0, c.tokens - tokens);
+  }
+
+  private release(leaseId: string): void {
+    const lease = this.leases.get(leaseId);
+    if (!lease) return;
+    this.leases.delete(leaseId);
+    if (lease.prefill) this.give(lease.prefill, "prefill", 0);
+    this.give(lease.decode, "decode", lease.tokens);
+  }
+
+  private applyOutcome(report: LegReport, now: number): void {
+    const h = this.health.get(report.node);
+    const s = this.cluster?.health;
+    if (!h || !s) return;
+    if (report.outcome === "ok" || report.outcome === "client_error") onSuccess(h);
+    else if (report.outcome === "failure") onFailure(h, now, s);
+    else onInconclusive(h);
+  }
+
+  /** Expired leases are released, so a request whose release was lost cannot leak load. */
+  private sweep(now: number): void {
+    if (now - this.lastSweep < 1_000) return;
+    this.lastSweep = now;
+    for (const [id, lease] of this.leases) if (lease.expiresAt <= now) this.release(id);
+  }
+
+  private saveCursors(next: { prefill: number; decode: number }): void {
+    for (const pool of ["prefill", "decode"] as const) {
+      if (next[pool] === this.cursors[pool]) continue;
+      this.cursors[pool] = next[pool];
+      this.ctx.storage.sql.exec(
+        `INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`,
+        pool,
+        next[pool],
+      );
+    }
+  }
+
+  private remember<V>(map: Map<string, V>, key: string, value: V, cap: number): void {
+    map.delete(key);
+    map.set(key, value);
+    if (map.size > cap) map.delete(map.keys().next().value as string);
+  }
+}
+
+function newCounters(): NodeCounters {
+  return { prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 };
+}
+
+async function probe(origin: string, timeoutMs: number): Promise<boolean> {
+  try {
+    const res = await fetch(new URL("/health", origin), { signal: AbortSignal.timeout(timeoutMs) });
+    await res.body?.cancel();
+    return res.ok;
+  } catch {
+    return false;
+  }
+}

@@ -1,0 +1,102 @@
+import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
+import type { BreakerState, HealthSettings } from "./health";
+
+/** The part of the cluster document the Durable Object needs; sent with every call that routes. */
+export interface ClusterView {
+  version: string;
+  protocol: "vllm" | "sglang" | "colocated";
+  policy: SelectionPolicy;
+  health: HealthSettings;
+  nodes: Array<{
+    id: string;
+    url: string;
+    role: "prefill" | "decode" | "both";
+    group?: string | undefined;
+    weight: number;
+    drain: boolean;
+    models?: string[] | undefined;
+  }>;
+}
+
+export interface RouteRequest {
+  cluster: ClusterView;
+  model: string;
+  /** hex SHA-256 of the affinity key material, or null */
+  key: string | null;
+  /** chained prefix block hashes (cache_aware only; empty otherwise) */
+  prefixHashes: string[];
+  /** estimated prompt tokens, carried by the lease */
+  tokens: number;
+  /** POST /v1/route: decide but take no lease, advance no cursor, record nothing */
+  dryRun: boolean;
+}
+
+export type RouteResponse =
+  | { ok: true; leaseId: string | null; decision: Decision }
+  | { ok: false; error: SelectionError };
+
+/** How a leg ended, as far as the node's health is concerned. */
+export type LegOutcome = "ok" | "failure" | "client_error" | "aborted";
+
+export interface LegReport {
+  node: string;
+  outcome: LegOutcome;
+  /** leg latency in ms (prefill: until P answered; decode: until D's first byte) */
+  ms?: number;
+}
+
+export interface FinishReport {
+  route: string;
+  status: number;
+  prefill?: LegReport;
+  decode?: LegReport;
+}
+
+export interface FailoverResponse {
+  /** the node to try next, null when no other node may be tried */
+  next: string | null;
+}
+
+export interface NodeStatus {
+  id: string;
+  url: string;
+  roles: Role[];
+  group: string | null;
+  weight: number;
+  drain: boolean;
+  healthy: boolean;
+  probeUp: boolean;
+  breaker: BreakerState;
+  ejectedUntil: number;
+  failureStreak: number;
+  failuresTotal: number;
+  lastFailureAt: number;
+  inflight: { prefill: number; decode: number; tokens: number };
+  requestsTotal: { prefill: number; decode: number };
+}
+
+export interface ClusterSnapshot {
+  version: string | null;
+  nodes: NodeStatus[];
+  leases: number;
+  requests: Array<{ route: string; status: number; count: number }>;
+  decisions: Array<{ role: Role; rule: string; count: number }>;
+  prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
+  latency: { ttfb: Histogram; prefill: Histogram };
+  now: number;
+}
+
+export interface Histogram {
+  /** upper bounds in seconds, ascending; the +Inf bucket is implied by `count` */
+  bounds: number[];
+  /** cumulative-free counts per bound (not cumulative) */
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
+/** Requests counted under one API key label (a short hash of the key). */
+export interface KeyCount {
+  key: string;
+  count: number;
+}

@@ -1,0 +1,64 @@
+import { env, SELF } from "cloudflare:test";
+import { inject } from "vitest";
+
+export const sim = () => inject("sim");
+export const engineUrl = (id: string) => {
+  const url = sim().engines[id];
+  if (!url) throw new Error(`no engine ${id}`);
+  return url;
+};
+
+export type NodeSpec = { id: string; role: "prefill" | "decode" | "both"; group?: string; weight?: number; drain?: boolean; models?: string[]; apiKeySecret?: string; url?: string };
+
+/** Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once. */
+export async function putCluster(doc: Record<string, unknown> & { nodes: NodeSpec[] }) {
+  const nodes = doc.nodes.map((n) => ({ url: engineUrl(n.id), ...n }));
+  await env.NODES.put("nodes", JSON.stringify({ ...doc, nodes }));
+}
+
+export async function putRawCluster(raw: string) {
+  await env.NODES.put("nodes", raw);
+}
+
+export async function control(path: string, body?: unknown): Promise<any> {
+  const res = await fetch(sim().controlUrl + path, body === undefined ? {} : { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
+  if (!res.ok) throw new Error(`control ${path}: ${res.status} ${await res.text()}`);
+  return res.json();
+}
+
+export const resetSim = () => control("/reset", {});
+export const received = async (id: string): Promise<Array<{ path: string; headers: Record<string, string>; body: string }>> => control(`/engines/${id}/requests`);
+export const fault = (id: string, f: Record<string, unknown>) => control(`/engines/${id}/fault`, f);
+
+export function post(path: string, body: unknown, headers: Record<string, string> = {}) {
+  return SELF.fetch(`http://router${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+export const chat = (content = "Hello there", extra: Record<string, unknown> = {}) => ({
+  model: "sim-model",
+  messages: [{ role: "user", content }],
+  max_tokens: 4,
+  ...extra,
+});
+
+/** Reads the cluster state snapshot (leases, in-flight load, health) from the Durable Object. */
+export async function snapshot() {
+  const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
+  return stub.snapshot();
+}
+
+/** Waits until no lease is held and every node's in-flight load is zero (releases run in waitUntil). */
+export async function expectNoLoad(timeoutMs = 5000) {
+  const deadline = Date.now() + timeoutMs;
+  let last: Awaited<ReturnType<typeof snapshot>> | null = null;
+  while (Date.now() < deadline) {
+    last = await snapshot();
+    if (last.leases === 0 && last.nodes.every((n) => n.inflight.prefill === 0 && n.inflight.decode === 0)) return last;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
+}

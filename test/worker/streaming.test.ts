@@ -1,0 +1,121 @@
+import { SELF } from "cloudflare:test";
+import { beforeEach, describe, expect, it } from "vitest";
+import { chat, control, expectNoLoad, fault, post, putCluster, resetSim } from "./helpers";
+
+const slowCluster = {
+  protocol: "vllm",
+  policy: { prefill: "round_robin", decode: "round_robin" },
+  nodes: [
+    { id: "p0", role: "prefill" as const },
+    { id: "slow", role: "decode" as const },
+  ],
+};
+
+async function readAll(res: Response): Promise<{ text: string; reads: number[] }> {
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let text = "";
+  const reads: number[] = [];
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return { text, reads };
+    reads.push(Date.now());
+    text += decoder.decode(value, { stream: true });
+  }
+}
+
+describe("streaming: D's body reaches the client as it is produced", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await putCluster(slowCluster);
+  });
+
+  it("delivers tokens incrementally, not in one buffered piece", async () => {
+    const res = await post("/v1/chat/completions", chat("stream please", { stream: true, max_tokens: 12 }));
+    expect(res.status).toBe(200);
+    const { text, reads } = await readAll(res);
+    expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
+    // 12 tokens at ~15 ms each: the client sees several reads spread over time.
+    expect(reads.length).toBeGreaterThanOrEqual(6);
+    expect(reads.at(-1)! - reads[0]!).toBeGreaterThanOrEqual(60);
+    await expectNoLoad();
+  });
+
+  it("a client disconnect aborts the decode leg and releases the load", async () => {
+    const controller = new AbortController();
+    const res = await SELF.fetch("http://router/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chat("long answer", { stream: true, max_tokens: 400 })),
+      signal: controller.signal,
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    controller.abort();
+    await reader.cancel().catch(() => undefined);
+    await expectNoLoad();
+    // The engine saw its client (the router) go away long before 400 tokens (~6 s).
+    const deadline = Date.now() + 3000;
+    let stats: any;
+    do {
+      stats = await control("/engines/slow/stats");
+      if (stats.clientAborts >= 1) break;
+      await new Promise((r) => setTimeout(r, 50));
+    } while (Date.now() < deadline);
+    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+    expect(stats.inflight).toBe(0);
+  });
+
+  it("a decode node dying mid-stream ends the stream with an error event, never [DONE]", async () => {
+    await fault("slow", { mode: "midstream", afterChunks: 2 });
+    const res = await post("/v1/chat/completions", chat("will break", { stream: true, max_tokens: 20 }));
+    expect(res.status).toBe(200);
+    const { text } = await readAll(res);
+    expect(text).toContain("event: error");
+    expect(text).not.toContain("[DONE]");
+    const errorLine = text.split("\n").filter((l) => l.startsWith("data:")).at(-1)!;
+    expect(JSON.parse(errorLine.slice(5)).error.type).toBe("upstream_error");
+    await expectNoLoad();
+  });
+});
+
+describe("upstream failures before streaming are proper error responses", () => {
+  beforeEach(async () => {
+    await resetSim();
+  });
+
+  it("a 500 from the only decode node gives a 502 envelope and no stream", async () => {
+    await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await fault("d0", { mode: "status500" });
+    const res = await post("/v1/chat/completions", chat("x", { stream: true }));
+    expect(res.status).toBe(502);
+    const body: any = await res.json();
+    expect(body.error.type).toBe("upstream_error");
+    expect(body.error.message).toContain("d0");
+    expect(res.headers.get("x-request-id")).toBeTruthy();
+    await expectNoLoad();
+  });
+
+  it("a node's 400 is passed on as the client's error", async () => {
+    await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await fault("p0", { mode: "status400" });
+    const res = await post("/v1/chat/completions", chat("x"));
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as any).error.code).toBe("upstream_rejected");
+    await expectNoLoad();
+  });
+
+  it("a prefill node that never answers times out with 504", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      timeouts: { prefillMs: 300, decodeFirstByteMs: 300 },
+      nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }],
+    });
+    await fault("p0", { mode: "hang" });
+    const res = await post("/v1/chat/completions", chat("x"));
+    expect(res.status).toBe(504);
+    expect(((await res.json()) as any).error.code).toBe("upstream_timeout");
+    await expectNoLoad();
+  });
+});
