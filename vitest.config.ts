@@ -5,6 +5,8 @@ import { defineConfig } from "vitest/config";
 // covers the simulated engines and the benchmark, which are Node programs.
 export default defineConfig({
   test: {
+    // the router's one-line JSON logs are its product, not test output
+    onConsoleLog: (log) => !log.includes('"event":"'),
     projects: [
       {
         plugins: [
@@ -12,13 +14,41 @@ export default defineConfig({
             main: "./src/index.ts",
             wrangler: { configPath: "./wrangler.toml" },
             miniflare: {
-              bindings: { CONFIG_TTL_MS: "0" },
+              bindings: { CONFIG_TTL_MS: "0", NODE_TOKEN_P0: "node-secret-p0" },
             },
           }),
         ],
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
+          // the operations tests need the secrets set: they run in worker-secured
+          exclude: ["test/worker/ops-*.test.ts"],
+          globalSetup: ["./test/global-setup.ts"],
+          testTimeout: 20000,
+          hookTimeout: 30000,
+        },
+      },
+      {
+        // The same Worker with ADMIN_TOKEN, API_KEYS, METRICS_TOKEN and a rate limiter set.
+        plugins: [
+          cloudflareTest({
+            main: "./src/index.ts",
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: {
+                CONFIG_TTL_MS: "0",
+                ADMIN_TOKEN: "ops-admin-token",
+                API_KEYS: " ops-key-main , ops-key-alt,, ops-key-limited ",
+                METRICS_TOKEN: "ops-metrics-token",
+                RATE_LIMIT_PERIOD_S: "60",
+              },
+              ratelimits: { RATE_LIMITER: { simple: { limit: 40, period: 60 } } },
+            },
+          }),
+        ],
+        test: {
+          name: "worker-secured",
+          include: ["test/worker/ops-*.test.ts"],
           globalSetup: ["./test/global-setup.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,

@@ -1,4 +1,4 @@
-import { env, SELF } from "cloudflare:test";
+import { env, runInDurableObject, SELF } from "cloudflare:test";
 import { inject } from "vitest";
 
 export const sim = () => inject("sim");
@@ -61,4 +61,16 @@ export async function expectNoLoad(timeoutMs = 5000) {
     await new Promise((r) => setTimeout(r, 25));
   }
   throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
+}
+
+/** Forgets health, breaker, stickiness and prefix state in the Durable Object, so tests do not leak into each other. */
+export async function resetClusterState() {
+  const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
+  await runInDurableObject(stub, (instance: any) => {
+    instance.health.clear();
+    instance.sticky.clear();
+    instance.prefixIndex.prefill.clear();
+    instance.prefixIndex.decode.clear();
+    instance.cluster = null;
+  });
 }
