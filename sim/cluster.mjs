@@ -1,0 +1,126 @@
+// Several simulated engines in one Node process, sharing one registry (locality misses,
+// SGLang rendezvous), plus a control HTTP server so tests running inside workerd, which can
+// only speak HTTP, can read what engines received and inject faults.
+import http from 'node:http';
+import { createRegistry, sendJson, startEngine } from './engine.mjs';
+
+export { createRegistry, startEngine };
+
+/**
+ * @typedef {import('./engine.mjs').Engine} Engine
+ * @typedef {Omit<import('./engine.mjs').EngineOptions, 'registry'>} EngineSpec
+ * @typedef {object} SimClusterOptions
+ * @property {EngineSpec[]} engines
+ * @property {number} [controlPort] default 0 (any free port)
+ * @property {string} [host] where the control server listens, default 127.0.0.1
+ * @property {Partial<EngineSpec>} [defaults] engine options applied to every engine (each engine's own win)
+ */
+
+/**
+ * @param {SimClusterOptions} options
+ * @returns {Promise<{ engines: Map<string, Engine>, registry: import('./engine.mjs').Registry, controlUrl: string, close: () => Promise<void> }>}
+ */
+export async function startSimCluster({ engines: specs, controlPort = 0, host = '127.0.0.1', defaults = {} }) {
+  const registry = createRegistry();
+  /** @type {Map<string, Engine>} */
+  const engines = new Map();
+  try {
+    for (const spec of specs) {
+      if (engines.has(spec.id)) throw new Error(`duplicate engine id ${spec.id}`);
+      engines.set(spec.id, await startEngine({ ...defaults, ...spec, registry }));
+    }
+  } catch (error) {
+    await Promise.all([...engines.values()].map((e) => e.close()));
+    throw error;
+  }
+
+  const server = http.createServer((req, res) => {
+    /** @type {Buffer[]} */
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      control(req.method ?? 'GET', new URL(req.url ?? '/', 'http://control').pathname, Buffer.concat(chunks).toString('utf8'))
+        .then(([status, body]) => sendJson(res, status, body))
+        .catch((error) => sendJson(res, 500, { error: { message: String(error), type: 'server_error' } }));
+    });
+  });
+
+  /**
+   * @param {string} method @param {string} path @param {string} raw
+   * @returns {Promise<[number, unknown]>}
+   */
+  async function control(method, path, raw) {
+    const bad = (/** @type {number} */ status, /** @type {string} */ message) => /** @type {[number, unknown]} */ ([status, { error: { message, type: 'invalid_request_error' } }]);
+    if (method === 'GET' && path === '/engines') {
+      return [200, [...engines.values()].map((e) => ({ id: e.id, role: e.role, url: e.url, running: e.running }))];
+    }
+    if (method === 'GET' && path === '/stats') {
+      return [200, Object.fromEntries([...engines.values()].map((e) => [e.id, e.stats()]))];
+    }
+    if (method === 'POST' && path === '/reset') {
+      for (const e of engines.values()) {
+        e.reset();
+        await e.start();
+      }
+      registry.rooms.clear();
+      registry.prefills.clear();
+      registry.claimedRooms.clear();
+      return [200, { ok: true }];
+    }
+    const m = /^\/engines\/([^/]+)\/(stats|requests|fault|stop|start|reset)$/.exec(path);
+    if (!m) return bad(404, `no route ${method} ${path}`);
+    const engine = engines.get(decodeURIComponent(m[1]));
+    if (!engine) return bad(404, `no engine ${m[1]}`);
+    const action = m[2];
+    if (method === 'GET' && action === 'stats') return [200, engine.stats()];
+    if (method === 'GET' && action === 'requests') return [200, engine.requests()];
+    if (method !== 'POST') return bad(405, `${method} not allowed on ${path}`);
+    switch (action) {
+      case 'fault': {
+        let fault;
+        try {
+          fault = raw.trim() === '' ? {} : JSON.parse(raw);
+        } catch {
+          return bad(400, 'fault body is not valid JSON');
+        }
+        if (!fault || typeof fault !== 'object' || Array.isArray(fault)) return bad(400, 'fault must be an object');
+        const modes = ['none', 'status500', 'status400', 'hang', 'reset', 'midstream', 'slow'];
+        if (fault.mode !== undefined && !modes.includes(fault.mode)) return bad(400, `fault.mode must be one of ${modes.join(', ')}`);
+        for (const k of ['count', 'delayMs', 'afterChunks']) {
+          if (fault[k] !== undefined && !(typeof fault[k] === 'number' && fault[k] >= 0)) return bad(400, `fault.${k} must be a number >= 0`);
+        }
+        if (fault.health !== undefined && typeof fault.health !== 'boolean') return bad(400, 'fault.health must be a boolean');
+        engine.setFault(fault);
+        return [200, { ok: true }];
+      }
+      case 'stop':
+        await engine.stop();
+        return [200, { ok: true, running: false }];
+      case 'start':
+        await engine.start();
+        return [200, { ok: true, running: true }];
+      case 'reset':
+        engine.reset();
+        return [200, { ok: true }];
+      default:
+        return bad(405, `${method} not allowed on ${path}`);
+    }
+  }
+
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(controlPort, host, () => resolve(undefined));
+  });
+  const port = /** @type {import('node:net').AddressInfo} */ (server.address()).port;
+
+  return {
+    engines,
+    registry,
+    controlUrl: `http://${host}:${port}`,
+    async close() {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(() => resolve(undefined)));
+      await Promise.all([...engines.values()].map((e) => e.close()));
+    },
+  };
+}

@@ -1,0 +1,757 @@
+// A simulated OpenAI-compatible inference engine (vLLM / SGLang P/D legs or colocated) on
+// 127.0.0.1. It models time (prefill, KV transfer, decode steps) in simulated milliseconds and
+// keeps a prefix cache, so the router and the benchmark can be measured without GPUs.
+import http from 'node:http';
+import { setTimeout as sleepReal } from 'node:timers/promises';
+import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
+
+/**
+ * @typedef {'prefill' | 'decode' | 'both'} EngineRole
+ * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow'} FaultMode
+ * @typedef {{ mode?: FaultMode, count?: number, delayMs?: number, afterChunks?: number, health?: boolean }} Fault
+ * @typedef {'vllmPrefill' | 'vllmDecode' | 'sglangPrefill' | 'sglangDecode' | 'colocated'} LegKind
+ *
+ * @typedef {object} EngineOptions
+ * @property {string} id
+ * @property {EngineRole} role
+ * @property {string} [host] default 127.0.0.1
+ * @property {number} [port] default 0 (any free port; kept across stop()/start())
+ * @property {string[]} [models] default ['sim-model']
+ * @property {number} [cacheBlocks] prefix-cache capacity in blocks, default 5000
+ * @property {number} [blockTokens] default 512
+ * @property {number} [charsPerToken] default 4
+ * @property {number} [timeScale] real ms slept per simulated ms, default 0.001 (0 = never sleep)
+ * @property {number} [prefillMsPerToken] default 0.05
+ * @property {number} [transferMsPerBlock] default 5
+ * @property {number} [decodeBaseMs] default 15
+ * @property {number} [decodeMsPerSeq] default 1
+ * @property {number} [transferInterferenceMs] default 20
+ * @property {number} [bootstrapPort] SGLang bootstrap port this engine answers to, default its HTTP port
+ * @property {number} [bootstrapTimeoutMs] real ms an SGLang decode leg waits for its prefill, default 30000
+ * @property {number} [sampleCap] max samples kept per array, default 100000
+ * @property {Registry} [registry] shared with the other engines of a cluster
+ */
+
+/**
+ * What engines of one cluster share: who holds which blocks (locality misses), finished
+ * prefills by request id (end-to-end simulated TTFT) and SGLang bootstrap rooms.
+ * @typedef {object} Registry
+ * @property {Map<string, Engine>} engines
+ * @property {Map<string, RoomEntry>} rooms
+ * @property {Map<string, Set<(entry: RoomEntry) => void>>} roomWaiters
+ * @property {Map<string, { queueMs: number, prefillMs: number }>} prefills
+ * @property {Map<string, true>} claimedRooms `engineId/room` taken as a prefill leg by a `both` engine
+ *
+ * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number }} RoomEntry
+ */
+
+const MAX_LOG = 500;
+const MAX_REMEMBERED = 10000;
+const FILLER = 'the quick brown fox jumps over a lazy dog while seven bright stars drift across calm northern water'.split(' ');
+
+/** @returns {Registry} */
+export function createRegistry() {
+  return { engines: new Map(), rooms: new Map(), roomWaiters: new Map(), prefills: new Map(), claimedRooms: new Map() };
+}
+
+/** @template K, V @param {Map<K, V>} map @param {K} key @param {V} value */
+function remember(map, key, value) {
+  map.set(key, value);
+  if (map.size > MAX_REMEMBERED) map.delete(/** @type {K} */ (map.keys().next().value));
+}
+
+function emptyStats() {
+  return {
+    requests: { total: 0, vllmPrefill: 0, vllmDecode: 0, sglangPrefill: 0, sglangDecode: 0, colocated: 0 },
+    promptTokens: 0,
+    cachedTokens: 0,
+    blocksLookedUp: 0,
+    blocksHit: 0,
+    localityMissBlocks: 0,
+    fullRepulls: 0,
+    suffixPulls: 0,
+    blocksPulled: 0,
+    selfPrefills: 0,
+    protocolViolations: 0,
+    /** @type {string[]} the last 50 violations, explained */
+    violations: [],
+    faultsInjected: 0,
+    errors: 0,
+    clientAborts: 0,
+    outputTokens: 0,
+    /** @type {number[]} */ ttftMs: [],
+    /** @type {number[]} */ itlMs: [],
+    /** @type {number[]} */ tpotMs: [],
+  };
+}
+
+/**
+ * One request received on a completion route. The SGLang room is cut from the raw text, so a
+ * 63-bit integer stays exact; `bootstrapRoomBareInteger` says it was written as a JSON number.
+ * @typedef {{ path: string, headers: Record<string, string>, body: string, receivedAt: number, bootstrapRoom?: string, bootstrapRoomBareInteger?: boolean }} RequestLogEntry
+ */
+
+/**
+ * @typedef {object} Engine
+ * @property {string} id
+ * @property {EngineRole} role
+ * @property {string} url
+ * @property {number} port
+ * @property {number} bootstrapPort
+ * @property {string} host
+ * @property {PrefixCache} cache
+ * @property {boolean} running
+ * @property {() => ReturnType<typeof emptyStats> & { id: string, role: EngineRole, inflight: number, cacheBlocksUsed: number, running: boolean }} stats
+ * @property {() => RequestLogEntry[]} requests
+ * @property {() => void} reset
+ * @property {(f: Fault) => void} setFault
+ * @property {() => Promise<void>} stop
+ * @property {() => Promise<void>} start
+ * @property {() => Promise<void>} close
+ */
+
+/**
+ * Start one simulated engine; resolves once it listens.
+ * @param {EngineOptions} options
+ * @returns {Promise<Engine>}
+ */
+export async function startEngine(options) {
+  const {
+    id,
+    role,
+    host = '127.0.0.1',
+    models = ['sim-model'],
+    cacheBlocks = 5000,
+    blockTokens = 512,
+    charsPerToken = 4,
+    timeScale = 0.001,
+    prefillMsPerToken = 0.05,
+    transferMsPerBlock = 5,
+    decodeBaseMs = 15,
+    decodeMsPerSeq = 1,
+    transferInterferenceMs = 20,
+    bootstrapTimeoutMs = 30000,
+    sampleCap = 100000,
+    registry = createRegistry(),
+  } = options;
+  if (!id) throw new TypeError('engine id is required');
+  if (!['prefill', 'decode', 'both'].includes(role)) throw new TypeError(`bad role ${role}`);
+
+  const cache = new PrefixCache(cacheBlocks);
+  let stats = emptyStats();
+  /** @type {RequestLogEntry[]} */
+  let log = [];
+  /** @type {Required<Fault>} */
+  let fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
+  let inflight = 0;
+  let decodingNow = 0;
+  let transfersNow = 0;
+  let completionCounter = 0;
+  /** prefills on this node run one at a time; this is the tail of that queue */
+  let prefillQueue = Promise.resolve();
+  /** simulated ms of all prefills started on this node, and the one running now */
+  let prefillStartedSimTotal = 0;
+  /** @type {{ simMs: number, startedAt: number } | undefined} */
+  let runningPrefill;
+  /** @type {Set<import('node:net').Socket>} */
+  const sockets = new Set();
+
+  /** @param {number[]} arr @param {number} value */
+  function sample(arr, value) {
+    if (arr.length < sampleCap) arr.push(value);
+  }
+  /** @param {string} why */
+  function violation(why) {
+    stats.protocolViolations++;
+    stats.violations.push(why);
+    if (stats.violations.length > 50) stats.violations.shift();
+  }
+
+  /**
+   * Sleep simulated ms. Sub-millisecond debts are carried so that many tiny steps still add up
+   * to the right real time; in between we only yield, which still lets each chunk flush.
+   * @param {{ debt: number }} clock
+   * @param {number} simMs
+   */
+  async function simSleep(clock, simMs) {
+    if (timeScale <= 0 || simMs <= 0) return;
+    clock.debt += simMs * timeScale;
+    if (clock.debt >= 1) {
+      const ms = Math.floor(clock.debt);
+      clock.debt -= ms;
+      await sleepReal(ms);
+    } else {
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  }
+
+  /**
+   * Blocks this node lacks that another running engine of the registry holds right now.
+   * @param {string[]} missing @param {string | undefined} source engine the blocks come from (not a miss)
+   */
+  function countLocalityMisses(missing, source) {
+    let misses = 0;
+    for (const hash of missing) {
+      for (const other of registry.engines.values()) {
+        if (other === engine || other.id === source || !other.running) continue;
+        if (other.cache.has(hash)) {
+          misses++;
+          break;
+        }
+      }
+    }
+    stats.localityMissBlocks += misses;
+  }
+
+  /**
+   * Prefill locally: queue behind other prefills, reuse the cached prefix, compute the rest.
+   * @param {string[]} hashes @param {number} tokens @param {{ debt: number }} clock
+   */
+  async function prefillLocal(hashes, tokens, clock) {
+    // Queue time in simulated ms, from the work ahead rather than the real wait: at small time
+    // scales a millisecond of event-loop jitter would otherwise read as seconds of queueing.
+    const startedAhead = prefillStartedSimTotal;
+    const runningLeft = runningPrefill && timeScale > 0
+      ? Math.min(runningPrefill.simMs, Math.max(0, runningPrefill.simMs - (performance.now() - runningPrefill.startedAt) / timeScale))
+      : 0;
+    const previous = prefillQueue;
+    /** @type {() => void} */
+    let release = () => {};
+    prefillQueue = new Promise((resolve) => (release = resolve));
+    await previous;
+    try {
+      const queueMs = runningLeft + (prefillStartedSimTotal - startedAhead);
+      const hit = cache.match(hashes);
+      countLocalityMisses(hashes.slice(hit), undefined);
+      const cachedTokens = Math.min(tokens, hit * blockTokens);
+      stats.promptTokens += tokens;
+      stats.cachedTokens += cachedTokens;
+      stats.blocksLookedUp += hashes.length;
+      stats.blocksHit += hit;
+      const prefillMs = prefillMsPerToken * (tokens - cachedTokens);
+      prefillStartedSimTotal += prefillMs;
+      runningPrefill = { simMs: prefillMs, startedAt: performance.now() };
+      await simSleep(clock, prefillMs);
+      cache.insert(hashes);
+      return { queueMs, prefillMs, cachedTokens };
+    } finally {
+      runningPrefill = undefined;
+      release();
+    }
+  }
+
+  /**
+   * Pull from a prefill node the blocks of the prompt this node lacks.
+   * @param {string[]} hashes full blocks @param {number} tokens @param {string | undefined} source
+   * @param {{ debt: number }} clock
+   */
+  async function pullBlocks(hashes, tokens, source, clock) {
+    const totalBlocks = Math.ceil(tokens / blockTokens);
+    const hit = cache.match(hashes);
+    countLocalityMisses(hashes.slice(hit), source);
+    const cachedTokens = Math.min(tokens, hit * blockTokens);
+    stats.promptTokens += tokens;
+    stats.cachedTokens += cachedTokens;
+    stats.blocksLookedUp += hashes.length;
+    stats.blocksHit += hit;
+    const pulled = Math.max(0, totalBlocks - hit);
+    if (hit === 0 && pulled > 1) stats.fullRepulls++;
+    else stats.suffixPulls++;
+    stats.blocksPulled += pulled;
+    transfersNow++;
+    const transferMs = transferMsPerBlock * pulled;
+    try {
+      await simSleep(clock, transferMs);
+    } finally {
+      transfersNow--;
+    }
+    cache.insert(hashes);
+    return { transferMs, cachedTokens };
+  }
+
+  /**
+   * Generate tokens, streaming them (one flushed SSE event per token) or as one JSON body.
+   * @param {http.ServerResponse} res
+   * @param {Ctx} ctx
+   * @param {{ outputTokens: number, beforeFirstMs: number, usage: object, recordLatency: boolean, clock: { debt: number } }} gen
+   */
+  async function generate(res, ctx, gen) {
+    const { chat, stream, model } = ctx;
+    const idStr = `${chat ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
+    const created = Math.floor(Date.now() / 1000);
+    const words = [];
+    let chunksSent = 0;
+    if (stream) {
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      res.flushHeaders();
+    }
+    decodingNow++;
+    let decodeMs = 0;
+    let firstStepMs = 0;
+    try {
+      for (let i = 0; i < gen.outputTokens; i++) {
+        if (res.destroyed) return;
+        const stepMs = decodeBaseMs + decodeMsPerSeq * decodingNow + (transfersNow > 0 ? transferInterferenceMs : 0);
+        await simSleep(gen.clock, stepMs);
+        if (res.destroyed) return;
+        if (i === 0) firstStepMs = stepMs;
+        else {
+          decodeMs += stepMs;
+          if (gen.recordLatency) sample(stats.itlMs, stepMs);
+        }
+        const word = (i === 0 ? '' : ' ') + FILLER[(i + completionCounter) % FILLER.length];
+        words.push(word);
+        stats.outputTokens++;
+        if (stream) {
+          const last = i === gen.outputTokens - 1;
+          const finish = last ? 'length' : null;
+          const chunk = chat
+            ? { id: idStr, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }] }
+            : { id: idStr, object: 'text_completion', created, model, choices: [{ index: 0, text: word, logprobs: null, finish_reason: finish }] };
+          const data = `data: ${JSON.stringify(chunk)}\n\n`;
+          chunksSent++;
+          if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
+            // let the chunks reach the client first, so it sees a stream that breaks, not none
+            await new Promise((resolve) => res.write(data, () => resolve(undefined)));
+            await sleepReal(10);
+            ctx.destroyedByUs = true;
+            res.socket?.destroy();
+            return;
+          }
+          res.write(data);
+        }
+      }
+    } finally {
+      decodingNow--;
+    }
+    if (gen.recordLatency) {
+      sample(stats.ttftMs, gen.beforeFirstMs + firstStepMs);
+      if (gen.outputTokens > 1) sample(stats.tpotMs, decodeMs / (gen.outputTokens - 1));
+    }
+    if (stream) {
+      if (ctx.includeUsage) {
+        const usageChunk = { id: idStr, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: gen.usage };
+        res.write(`data: ${JSON.stringify(usageChunk)}\n\n`);
+      }
+      res.end('data: [DONE]\n\n');
+      return;
+    }
+    const text = words.join('');
+    const body = chat
+      ? { id: idStr, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: 'length' }], usage: gen.usage }
+      : { id: idStr, object: 'text_completion', created, model, choices: [{ index: 0, text, logprobs: null, finish_reason: 'length' }], usage: gen.usage };
+    const json = JSON.stringify(body);
+    if (ctx.destroyAfterChunks !== undefined) {
+      // midstream on a non-stream answer: half a body, then the connection dies
+      res.writeHead(200, { 'content-type': 'application/json' });
+      await new Promise((resolve) => res.write(json.slice(0, Math.floor(json.length / 2)), () => resolve(undefined)));
+      await sleepReal(10);
+      ctx.destroyedByUs = true;
+      res.socket?.destroy();
+      return;
+    }
+    sendJson(res, 200, body);
+  }
+
+  /**
+   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, destroyedByUs: boolean, closed: boolean }} Ctx
+   */
+
+  /** @param {number} promptTokens @param {number} completionTokens @param {number} cachedTokens */
+  function usageOf(promptTokens, completionTokens, cachedTokens) {
+    return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens, prompt_tokens_details: { cached_tokens: cachedTokens } };
+  }
+
+  /** @param {http.IncomingMessage} req @param {http.ServerResponse} res @param {string} path */
+  async function handleCompletion(req, res, path) {
+    inflight++;
+    stats.requests.total++;
+    /** @type {Ctx} */
+    const ctx = { chat: path === '/v1/chat/completions', stream: false, model: models[0], includeUsage: false, destroyedByUs: false, closed: false };
+    res.on('close', () => {
+      inflight--;
+      ctx.closed = true;
+      if (!res.writableFinished && !ctx.destroyedByUs) stats.clientAborts++;
+    });
+    const raw = await readBody(req);
+    const roomMatch = /"bootstrap_room"\s*:\s*(-?\d+|"[^"]*")/.exec(raw);
+    /** @type {RequestLogEntry} */
+    const entry = { path, headers: lowerHeaders(req.headers), body: raw, receivedAt: Date.now() };
+    if (roomMatch) {
+      entry.bootstrapRoom = roomMatch[1].replace(/"/g, '');
+      entry.bootstrapRoomBareInteger = !roomMatch[1].startsWith('"');
+    }
+    log.push(entry);
+    if (log.length > MAX_LOG) log.shift();
+
+    // faults come first: they model a broken node, whatever the request
+    const mode = fault.mode;
+    if (mode !== 'none' && fault.count > 0) {
+      fault.count--;
+      if (fault.count <= 0) fault = { ...fault, mode: 'none' };
+      stats.faultsInjected++;
+      switch (mode) {
+        case 'status500':
+          return sendError(res, 500, 'simulated internal error', 'server_error');
+        case 'status400':
+          return sendError(res, 400, 'simulated bad request', 'invalid_request_error');
+        case 'hang':
+          return; // never answer; the 'close' listener counts the client giving up
+        case 'reset':
+          ctx.destroyedByUs = true;
+          req.socket.destroy();
+          return;
+        case 'slow':
+          await sleepReal(fault.delayMs);
+          if (ctx.closed) return;
+          break;
+        case 'midstream':
+          ctx.destroyAfterChunks = fault.afterChunks;
+          break;
+      }
+    }
+
+    /** @type {any} */
+    let body;
+    try {
+      body = JSON.parse(raw);
+    } catch {
+      return sendError(res, 400, 'request body is not valid JSON', 'invalid_request_error');
+    }
+    if (!body || typeof body !== 'object' || Array.isArray(body)) {
+      return sendError(res, 400, 'request body must be a JSON object', 'invalid_request_error');
+    }
+    if (typeof body.model === 'string' && !models.includes(body.model)) {
+      return sendError(res, 404, `The model \`${body.model}\` does not exist.`, 'invalid_request_error', 'model_not_found');
+    }
+    const prompt = promptOf(body, ctx.chat);
+    if (!prompt) return sendError(res, 400, ctx.chat ? 'messages is required' : 'prompt is required', 'invalid_request_error');
+    ctx.model = typeof body.model === 'string' ? body.model : models[0];
+    ctx.stream = body.stream === true;
+    ctx.includeUsage = ctx.stream && body.stream_options?.include_usage === true;
+    const maxTokens = positiveInt(body.max_completion_tokens) ?? positiveInt(body.max_tokens) ?? 16;
+    const { units, unitsPerBlock, tokens } =
+      typeof prompt === 'string'
+        ? { units: prompt, unitsPerBlock: blockTokens * charsPerToken, tokens: Math.ceil(prompt.length / charsPerToken) }
+        : { units: prompt, unitsPerBlock: blockTokens, tokens: prompt.length };
+    const hashes = chainedBlockHashes(units, unitsPerBlock);
+    const clock = { debt: 0 };
+    const kv = body.kv_transfer_params;
+    const requestId = entry.headers['x-request-id'];
+
+    try {
+      if (roomMatch && body.bootstrap_room !== undefined && body.bootstrap_room !== null) {
+        const room = entry.bootstrapRoom ?? '';
+        const bHost = String(body.bootstrap_host ?? '');
+        const bPort = Number(body.bootstrap_port);
+        // a `both` engine takes the prefill leg of a room that names it, the first time it sees it
+        const namesMe = sameHost(bHost, host) && bPort === engine.bootstrapPort;
+        const isPrefillLeg = role === 'prefill' || (role === 'both' && namesMe && !registry.claimedRooms.has(`${id}/${room}`));
+        if (isPrefillLeg) {
+          if (role === 'both') remember(registry.claimedRooms, `${id}/${room}`, true);
+          stats.requests.sglangPrefill++;
+          if (!namesMe) {
+            violation(`sglang prefill leg names bootstrap ${bHost}:${bPort}, this node is ${host}:${engine.bootstrapPort}`);
+          }
+          const p = await prefillLocal(hashes, tokens, clock);
+          publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs });
+          return await generate(res, ctx, { outputTokens: 1, beforeFirstMs: 0, usage: usageOf(tokens, 1, p.cachedTokens), recordLatency: false, clock });
+        }
+        stats.requests.sglangDecode++;
+        const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
+        if (ctx.closed) return;
+        if (!found) {
+          stats.errors++;
+          return sendError(res, 504, `bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
+        }
+        if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
+          violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
+          stats.errors++;
+          return sendError(res, 502, `bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`, 'server_error');
+        }
+        const t = await pullBlocks(hashes, tokens, found.engineId, clock);
+        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
+      }
+
+      if (kv && typeof kv === 'object' && kv.do_remote_decode === true) {
+        stats.requests.vllmPrefill++;
+        if (body.stream === true) violation('vllm prefill leg has stream:true');
+        if (body.max_tokens !== undefined && body.max_tokens !== 1) violation(`vllm prefill leg has max_tokens:${JSON.stringify(body.max_tokens)}`);
+        if (body.max_tokens === undefined && body.max_completion_tokens === undefined) violation('vllm prefill leg has no max_tokens:1');
+        if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== 1) violation(`vllm prefill leg has max_completion_tokens:${JSON.stringify(body.max_completion_tokens)}`);
+        for (const field of ['stream_options', 'min_tokens', 'min_completion_tokens']) {
+          if (body[field] !== undefined) violation(`vllm prefill leg has ${field}`);
+        }
+        const p = await prefillLocal(hashes, tokens, clock);
+        if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
+        const totalBlocks = Math.ceil(tokens / blockTokens);
+        const chatOut = ctx.chat;
+        const word = FILLER[0];
+        const created = Math.floor(Date.now() / 1000);
+        const idStr = `${chatOut ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
+        stats.outputTokens++;
+        return sendJson(res, 200, {
+          id: idStr,
+          object: chatOut ? 'chat.completion' : 'text_completion',
+          created,
+          model: ctx.model,
+          choices: [chatOut ? { index: 0, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' } : { index: 0, text: word, logprobs: null, finish_reason: 'length' }],
+          usage: usageOf(tokens, 1, p.cachedTokens),
+          kv_transfer_params: {
+            do_remote_prefill: true,
+            do_remote_decode: false,
+            remote_engine_id: id,
+            remote_block_ids: Array.from({ length: totalBlocks }, (_, i) => i),
+            remote_host: host,
+            remote_port: engine.port,
+            tp_size: 1,
+          },
+        });
+      }
+
+      if (kv && typeof kv === 'object' && kv.do_remote_prefill === true) {
+        stats.requests.vllmDecode++;
+        if (typeof kv.remote_engine_id !== 'string') violation('vllm decode leg without remote_engine_id');
+        for (const field of ['remote_block_ids', 'remote_host', 'remote_port']) {
+          if (kv[field] === undefined || kv[field] === null) violation(`vllm decode leg without kv_transfer_params.${field}`);
+        }
+        const source = typeof kv.remote_engine_id === 'string' ? kv.remote_engine_id : undefined;
+        const remote = source === undefined ? undefined : registry.engines.get(source);
+        if (source !== undefined && registry.engines.size > 1 && !remote) violation(`vllm decode leg names unknown remote_engine_id ${source}`);
+        if (remote && kv.remote_port !== undefined && kv.remote_port !== null && kv.remote_port !== remote.port) {
+          violation(`vllm decode leg names remote_port ${kv.remote_port}, engine ${source} listens on ${remote.port}`);
+        }
+        const upstream = requestId ? registry.prefills.get(requestId) : undefined;
+        const t = await pullBlocks(hashes, tokens, source, clock);
+        const before = (upstream ? upstream.queueMs + upstream.prefillMs : 0) + t.transferMs;
+        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: before, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
+      }
+
+      // Plain OpenAI (colocated), or a decode leg whose prefill handed over nothing
+      // (kv_transfer_params null: P stopped on EOS), so this node prefills by itself.
+      if (kv === undefined) stats.requests.colocated++;
+      else stats.requests.vllmDecode++;
+      if (role === 'decode') stats.selfPrefills++;
+      const p = await prefillLocal(hashes, tokens, clock);
+      return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: p.queueMs + p.prefillMs, usage: usageOf(tokens, maxTokens, p.cachedTokens), recordLatency: true, clock });
+    } catch (error) {
+      stats.errors++;
+      if (!res.headersSent) sendError(res, 500, `simulated engine failed: ${error instanceof Error ? error.message : String(error)}`, 'server_error');
+      else res.destroy();
+    }
+  }
+
+  const server = http.createServer({ keepAlive: true, noDelay: true }, (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://sim');
+    const path = url.pathname;
+    if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
+      handleCompletion(req, res, path).catch((error) => {
+        stats.errors++;
+        if (!res.headersSent) sendError(res, 500, String(error), 'server_error');
+      });
+      return;
+    }
+    if (req.method === 'GET' && path === '/health') {
+      req.resume();
+      return fault.health ? sendJson(res, 200, { status: 'ok' }) : sendJson(res, 503, { status: 'unhealthy' });
+    }
+    if (req.method === 'GET' && path === '/v1/models') {
+      req.resume();
+      const created = Math.floor(Date.now() / 1000);
+      return sendJson(res, 200, { object: 'list', data: models.map((m) => ({ id: m, object: 'model', created, owned_by: 'sim' })) });
+    }
+    if (req.method === 'GET' && path === '/_sim/stats') {
+      req.resume();
+      return sendJson(res, 200, engine.stats());
+    }
+    if (req.method === 'GET' && path === '/_sim/requests') {
+      req.resume();
+      return sendJson(res, 200, log);
+    }
+    if (req.method === 'POST' && path === '/_sim/reset') {
+      req.resume();
+      engine.reset();
+      return sendJson(res, 200, { ok: true });
+    }
+    req.resume();
+    sendError(res, 404, `no route ${req.method} ${path}`, 'invalid_request_error');
+  });
+  server.on('connection', (socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+  });
+
+  /** @param {number} port */
+  function listen(port) {
+    return new Promise((resolve, reject) => {
+      const onError = (/** @type {Error} */ error) => reject(error);
+      server.once('error', onError);
+      server.listen(port, host, () => {
+        server.off('error', onError);
+        resolve(/** @type {import('node:net').AddressInfo} */ (server.address()).port);
+      });
+    });
+  }
+
+  const boundPort = /** @type {number} */ (await listen(options.port ?? 0));
+
+  /** @type {Engine} */
+  const engine = {
+    id,
+    role,
+    host,
+    port: boundPort,
+    url: `http://${host}:${boundPort}`,
+    bootstrapPort: options.bootstrapPort ?? boundPort,
+    cache,
+    running: true,
+    stats: () => ({ id, role, ...structuredClone(stats), inflight, cacheBlocksUsed: cache.size, running: engine.running }),
+    requests: () => [...log],
+    reset() {
+      cache.clear();
+      stats = emptyStats();
+      log = [];
+      fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
+    },
+    setFault(f) {
+      fault = {
+        mode: f.mode ?? 'none',
+        count: f.count ?? Infinity,
+        delayMs: f.delayMs ?? 1000,
+        afterChunks: f.afterChunks ?? 2,
+        health: f.health ?? true,
+      };
+    },
+    async stop() {
+      if (!engine.running) return;
+      engine.running = false;
+      const closed = new Promise((resolve) => server.close(() => resolve(undefined)));
+      for (const socket of sockets) socket.destroy();
+      await closed;
+    },
+    async start() {
+      if (engine.running) return;
+      await listen(engine.port);
+      engine.running = true;
+    },
+    async close() {
+      await engine.stop();
+      if (registry.engines.get(id) === engine) registry.engines.delete(id);
+    },
+  };
+  registry.engines.set(id, engine);
+  return engine;
+}
+
+/** @param {Registry} registry @param {string} room @param {RoomEntry} entry */
+function publishRoom(registry, room, entry) {
+  remember(registry.rooms, room, entry);
+  const waiters = registry.roomWaiters.get(room);
+  if (waiters) {
+    registry.roomWaiters.delete(room);
+    for (const wake of waiters) wake(entry);
+  }
+}
+
+/**
+ * Wait until the prefill of a room is published, the timeout passes or the client leaves.
+ * @param {Registry} registry @param {string} room @param {number} timeoutMs @param {{ closed: boolean }} ctx
+ * @returns {Promise<RoomEntry | undefined>}
+ */
+function waitRoom(registry, room, timeoutMs, ctx) {
+  const ready = registry.rooms.get(room);
+  if (ready) return Promise.resolve(ready);
+  return new Promise((resolve) => {
+    let waiters = registry.roomWaiters.get(room);
+    if (!waiters) registry.roomWaiters.set(room, (waiters = new Set()));
+    const set = waiters;
+    const finish = (/** @type {RoomEntry | undefined} */ entry) => {
+      clearTimeout(timer);
+      clearInterval(poll);
+      set.delete(finish);
+      if (set.size === 0 && registry.roomWaiters.get(room) === set) registry.roomWaiters.delete(room);
+      resolve(entry);
+    };
+    const timer = setTimeout(() => finish(undefined), timeoutMs);
+    // a client that leaves stops the wait (checked cheaply, no listener juggling)
+    const poll = setInterval(() => ctx.closed && finish(undefined), 50);
+    set.add(finish);
+  });
+}
+
+/** @param {string} a @param {string} b */
+function sameHost(a, b) {
+  const norm = (/** @type {string} */ h) => (h === 'localhost' || h === '::1' || h === '[::1]' ? '127.0.0.1' : h);
+  return norm(a) === norm(b);
+}
+
+/** @param {unknown} v */
+function positiveInt(v) {
+  return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : undefined;
+}
+
+/**
+ * The prompt as text (chat messages rendered `role: content`, one a line) or token ids.
+ * @param {any} body @param {boolean} chat
+ * @returns {string | number[] | undefined}
+ */
+export function promptOf(body, chat) {
+  if (chat) {
+    if (!Array.isArray(body.messages) || body.messages.length === 0) return undefined;
+    return body.messages
+      .map((/** @type {any} */ m) => {
+        const content = Array.isArray(m?.content)
+          ? m.content.map((/** @type {any} */ part) => (part && part.type === 'text' ? String(part.text ?? '') : '')).join('')
+          : typeof m?.content === 'string'
+            ? m.content
+            : '';
+        return `${m?.role ?? 'user'}: ${content}`;
+      })
+      .join('\n');
+  }
+  const p = body.prompt;
+  if (typeof p === 'string') return p;
+  if (Array.isArray(p) && p.length > 0) {
+    if (p.every((x) => typeof x === 'number')) return p;
+    if (typeof p[0] === 'string') return p[0];
+    if (Array.isArray(p[0]) && p[0].every((/** @type {unknown} */ x) => typeof x === 'number')) return p[0];
+  }
+  return undefined;
+}
+
+/** @param {http.IncomingMessage} req @returns {Promise<string>} */
+function readBody(req) {
+  return new Promise((resolve, reject) => {
+    /** @type {Buffer[]} */
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
+    req.on('error', reject);
+  });
+}
+
+/** @param {http.IncomingHttpHeaders} headers @returns {Record<string, string>} */
+function lowerHeaders(headers) {
+  /** @type {Record<string, string>} */
+  const out = {};
+  for (const [k, v] of Object.entries(headers)) {
+    if (v !== undefined) out[k.toLowerCase()] = Array.isArray(v) ? v.join(', ') : v;
+  }
+  return out;
+}
+
+/** @param {http.ServerResponse} res @param {number} status @param {unknown} body */
+export function sendJson(res, status, body) {
+  if (res.headersSent || res.destroyed) return;
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+/**
+ * OpenAI error envelope.
+ * @param {http.ServerResponse} res @param {number} status @param {string} message @param {string} type @param {string | null} [code]
+ */
+function sendError(res, status, message, type, code = null) {
+  sendJson(res, status, { error: { message, type, param: null, code } });
+}
