@@ -229,7 +229,8 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
 export async function explainRoute(c: Ctx, kind: RequestKind, raw: string): Promise<Response> {
   const body = parseInferenceRequest(raw, kind);
   const { config, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, true);
-  const routed = await clusterState(c.env).route(request);
+  const state = clusterState(c.env);
+  const [routed, snapshot] = await Promise.all([state.route(request), state.snapshot()]);
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });
@@ -241,6 +242,18 @@ export async function explainRoute(c: Ctx, kind: RequestKind, raw: string): Prom
     key: { source: keySource, hash: request.key, prefixBlocks },
     rule: { prefill: d.prefill.rule, decode: d.decode.rule },
     candidates: { prefill: d.prefill.candidates, decode: d.decode.candidates },
+    // health, breaker, failures and in-flight load of every node, as the Durable Object sees them
+    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, failureStreak, failuresTotal, inflight, drain }) => ({
+      id,
+      healthy,
+      probeUp,
+      breaker,
+      ejectedUntil,
+      failureStreak,
+      failuresTotal,
+      inflight,
+      drain,
+    })),
   });
 }
 

@@ -65,8 +65,10 @@ export async function expectNoLoad(timeoutMs = 5000) {
 
 /** Forgets health, breaker, stickiness and prefix state in the Durable Object, so tests do not leak into each other. */
 export async function resetClusterState() {
-  const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
-  await runInDurableObject(stub, (instance: any) => {
+  // typed loosely: the stub's RPC types are too deep for runInDurableObject's generics
+  const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster")) as unknown;
+  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+  await run(stub, (instance) => {
     instance.health.clear();
     instance.sticky.clear();
     instance.prefixIndex.prefill.clear();
