@@ -49,6 +49,8 @@ export default defineConfig({
         test: {
           name: "worker-secured",
           include: ["test/worker/ops-*.test.ts"],
+          // after the other projects, so a second workerd does not compete with their timing-sensitive tests
+          sequence: { groupOrder: 1 },
           globalSetup: ["./test/global-setup.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,

@@ -5,6 +5,12 @@ import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
 import { errorEnvelope, RouterError } from "./errors";
 import { explainRoute, forwardInference, type AppEnv } from "./routes/inference";
 import { listModels } from "./routes/models";
+import { clientAccess } from "./auth/client-access";
+import { headerLimits } from "./auth/request-limits";
+import { recordAnswered, recordRejected } from "./observability/metrics";
+import { adminRoutes } from "./routes/admin";
+import { metricsRoutes } from "./routes/metrics";
+import { statusRoutes } from "./routes/status";
 
 const REQUEST_ID = /^[\x21-\x7e]{1,128}$/;
 
@@ -16,6 +22,15 @@ app.use(async function requestId(c, next) {
   c.set("requestId", id);
   await next();
   c.res.headers.set("x-request-id", id);
+});
+
+app.use(headerLimits());
+app.use("/v1/*", clientAccess());
+app.use("/v1/*", async function countAnswered(c, next) {
+  await next();
+  // Routed inference requests are counted by the Durable Object when they finish; errors in onError.
+  const path = c.req.path;
+  if (!c.error && c.res.status < 400 && path !== "/v1/chat/completions" && path !== "/v1/completions") recordAnswered(c, c.res.status);
 });
 
 app.use("/v1/*", async function limitBody(c, next) {
@@ -40,12 +55,11 @@ app.get("/v1/models", async (c) => {
 app.post("/v1/chat/completions", (c) => forwardInference(c, "chat"));
 app.post("/v1/completions", (c) => forwardInference(c, "completion"));
 
-app.post("/v1/route", async (c) => {
-  const raw = await c.req.text();
-  // The body is the one the client would send; chat when it has messages.
-  const kind = /"messages"\s*:/.test(raw) ? "chat" : "completion";
-  return explainRoute(c, kind, raw);
-});
+app.post("/v1/route", async (c) => explainRoute(c, await c.req.text()));
+
+app.route("/admin", adminRoutes);
+app.route("/", metricsRoutes);
+app.route("/", statusRoutes);
 
 app.notFound(() => {
   throw new RouterError(404, "Unknown route.", "not_found_error", "unknown_route");
@@ -61,5 +75,6 @@ app.onError((err, c) => {
   if (!(err instanceof RouterError) && !(err instanceof HTTPException)) {
     console.error(JSON.stringify({ event: "unhandled_error", requestId: c.get("requestId"), error: String(err) }));
   }
+  recordRejected(c, error);
   return c.json(errorEnvelope(error), error.status, { ...error.headers, "x-request-id": c.get("requestId") ?? "" });
 });

@@ -17,7 +17,7 @@ export interface ClientAccessOptions {
 }
 
 /** Runs a background promise past the response when the runtime gives us an execution context. */
-export function background(c: { executionCtx: ExecutionContext }, promise: Promise<unknown>): void {
+export function background(c: { executionCtx: { waitUntil(promise: Promise<unknown>): void } }, promise: Promise<unknown>): void {
   const guarded = promise.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", error: String(err) })));
   try {
     c.executionCtx.waitUntil(guarded);

@@ -108,7 +108,7 @@ export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestI
 }
 
 /** Counts a successful answer of a route that takes no lease (models, dry runs). */
-export function recordAnswered(c: Context<{ Bindings: Env }>, status: number): void {
+export function recordAnswered(c: Context<{ Bindings: Env; Variables: { requestId: string } }>, status: number): void {
   background(c, clusterState(c.env).count(routeLabel(new URL(c.req.url).pathname), status));
 }
 

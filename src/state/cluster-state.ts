@@ -79,6 +79,8 @@ export class ClusterState extends DurableObject {
   private prefixStats = { lookedUpBlocks: 0, matchedBlocks: 0 };
   private cursors = { prefill: 0, decode: 0 };
   private nextLease = 0;
+  /** leases released before their route call arrived (client gone mid-call): never taken */
+  private readonly released = new Map<string, number>();
   private lastSweep = 0;
 
   constructor(ctx: DurableObjectState, env: unknown) {
@@ -128,6 +130,7 @@ export class ClusterState extends DurableObject {
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
     if (req.dryRun) return { ok: true, leaseId: null, decision };
+    if (req.leaseId && this.released.delete(req.leaseId)) return { ok: true, leaseId: null, decision };
 
     this.saveCursors(decision.cursors);
     const p = decision.prefill.id;
@@ -144,7 +147,7 @@ export class ClusterState extends DurableObject {
       if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p);
       this.prefixIndex.decode.record(req.prefixHashes, d);
     }
-    const leaseId = `${now.toString(36)}-${(this.nextLease++).toString(36)}`;
+    const leaseId = req.leaseId ?? `${now.toString(36)}-${(this.nextLease++).toString(36)}`;
     const lease: NodeLease = {
       prefill: colocated ? null : p,
       decode: d,
@@ -207,7 +210,7 @@ export class ClusterState extends DurableObject {
       this.applyOutcome(report.decode, now);
       if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
     }
-    if (leaseId) this.release(leaseId);
+    if (leaseId && !this.release(leaseId)) this.remember(this.released, leaseId, now + LEASE_TTL_MS, 10_000);
   }
 
   /** Keeps the last valid document text, so a new isolate can serve it while KV holds a bad one. */
@@ -357,12 +360,14 @@ export class ClusterState extends DurableObject {
     c.tokens = Math.max(0, c.tokens - tokens);
   }
 
-  private release(leaseId: string): void {
+  /** Releases a lease once; false when it is not (or no longer) held. */
+  private release(leaseId: string): boolean {
     const lease = this.leases.get(leaseId);
-    if (!lease) return;
+    if (!lease) return false;
     this.leases.delete(leaseId);
     if (lease.prefill) this.give(lease.prefill, "prefill", 0);
     this.give(lease.decode, "decode", lease.tokens);
+    return true;
   }
 
   private applyOutcome(report: LegReport, now: number): void {
@@ -379,6 +384,7 @@ export class ClusterState extends DurableObject {
     if (now - this.lastSweep < 1_000) return;
     this.lastSweep = now;
     for (const [id, lease] of this.leases) if (lease.expiresAt <= now) this.release(id);
+    for (const [id, expiresAt] of this.released) if (expiresAt <= now) this.released.delete(id);
   }
 
   private saveCursors(next: { prefill: number; decode: number }): void {

@@ -29,6 +29,11 @@ export interface RouteRequest {
   tokens: number;
   /** POST /v1/route: decide but take no lease, advance no cursor, record nothing */
   dryRun: boolean;
+  /**
+   * The lease id, chosen by the Worker before the call: if the client goes away while the
+   * call is under way, the Worker can release the lease without having heard the answer.
+   */
+  leaseId?: string;
 }
 
 export type RouteResponse =

@@ -1,0 +1,63 @@
+import { Hono } from "hono";
+import { adminAuth, statusIsPublic } from "../auth/admin-auth";
+import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
+import { secretEquals } from "../auth/digest";
+import { readClusterStatus } from "../observability/metrics";
+import type { AppEnv } from "./inference";
+import { statusPage } from "./status-page";
+
+/**
+ * GET /status (HTML) and GET /status.json (its data). Both are off without ADMIN_TOKEN unless
+ * STATUS_PUBLIC is "true". The page itself holds no data, so a browser may load it without a
+ * header and then log in; the data needs the bearer token (unless public).
+ */
+export const statusRoutes = new Hono<AppEnv>();
+
+statusRoutes.get("/status", async (c) => {
+  const isPublic = statusIsPublic(c.env);
+  if (!isPublic) {
+    const token = secret(c.env.ADMIN_TOKEN);
+    if (!token) throw routeOff();
+    // A header that is present must be right; without one the page asks for the token.
+    const given = c.req.header("authorization");
+    if (given !== undefined && !(await secretEquals(bearerToken(given) ?? "", token))) throw unauthorized("The ADMIN_TOKEN given is not valid.");
+  }
+  const { html, headers } = await statusPage({ isPublic });
+  return c.html(html, 200, headers);
+});
+
+statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async (c) => {
+  const { config, snapshot } = await readClusterStatus(c.env);
+  return c.json(
+    {
+      now: snapshot.now,
+      config: {
+        valid: config.problems.length === 0,
+        stale: config.stale,
+        problems: config.problems,
+        version: config.config ? config.version : null,
+        protocol: config.config?.protocol ?? null,
+        policy: config.config?.policy ?? null,
+      },
+      nodes: snapshot.nodes.map((n) => ({
+        id: n.id,
+        roles: n.roles,
+        group: n.group,
+        weight: n.weight,
+        drain: n.drain,
+        healthy: n.healthy,
+        probeUp: n.probeUp,
+        breaker: n.breaker,
+        inflight: n.inflight,
+        requestsTotal: n.requestsTotal,
+        failuresTotal: n.failuresTotal,
+      })),
+      decisions: snapshot.decisions,
+      requests: snapshot.requests,
+      prefix: snapshot.prefix,
+      leases: snapshot.leases,
+    },
+    200,
+    { "cache-control": "no-store" },
+  );
+});
