@@ -93,6 +93,16 @@ export function upstreamError(f: UpstreamFailure): RouterError {
   return new RouterError(502, f.message, "upstream_error", f.kind === "aborted" ? "client_closed_request" : "upstream_unavailable");
 }
 
+function requestKindOf(raw: string): RequestKind {
+  try {
+    const value: unknown = JSON.parse(raw);
+    if (value && typeof value === "object" && !("messages" in value) && "prompt" in value) return "completion";
+  } catch {
+    // parseInferenceRequest reports the bad JSON
+  }
+  return "chat";
+}
+
 function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
   return `route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
 }
@@ -105,13 +115,64 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
   const body = parseInferenceRequest(raw, kind);
   const { config, request, keySource } = await buildRouteRequest(c, kind, body, false);
   const state = clusterState(c.env);
-  const routed = await state.route(request);
-  if (!routed.ok) throw selectionFailure(routed.error);
-  const { decision } = routed;
-  const leaseId = routed.leaseId!;
-  const routeMs = Date.now() - started;
   const path = new URL(c.req.url).pathname;
   const waitUntil = (p: Promise<unknown>) => c.executionCtx.waitUntil(p.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", requestId, error: String(err) }))));
+  // The lease id is ours, so a client that leaves while any await below is pending (workerd
+  // may then never resume this handler) still gets its lease released, exactly once.
+  const leaseId = crypto.randomUUID();
+  let finished = false;
+  let decision: Decision | null = null;
+  const timings: { routeMs?: number; prefillMs?: number; decodeMs?: number } = {};
+  const chosen = { prefill: "", decode: "" };
+  let failOpen: Role[] = [];
+  const finish = (status: number, legs: { prefill?: LegReport; decode?: LegReport }, outcome: string, error?: string) => {
+    if (finished) return;
+    finished = true;
+    const report: FinishReport = { route: path, status, ...legs };
+    waitUntil(state.finish(leaseId, report));
+    logRequest({
+      requestId,
+      route: path,
+      model: body.model,
+      policy: `${config.policy.prefill}/${config.policy.decode}`,
+      prefill: chosen.prefill || undefined,
+      decode: chosen.decode || undefined,
+      keyHash: request.key?.slice(0, 16) ?? null,
+      keySource,
+      rule: decision ? `${decision.prefill.rule}/${decision.decode.rule}` : undefined,
+      status,
+      outcome,
+      routeMs: timings.routeMs,
+      prefillMs: timings.prefillMs,
+      decodeTtfbMs: timings.decodeMs,
+      totalMs: Date.now() - started,
+      failOpen: failOpen.length ? failOpen : undefined,
+      error,
+    });
+  };
+  c.req.raw.signal.addEventListener(
+    "abort",
+    () => {
+      // "aborted" tells nothing about the nodes' health, but frees a half-open trial they hold.
+      const legs: { prefill?: LegReport; decode?: LegReport } = {};
+      if (chosen.decode) legs.decode = { node: chosen.decode, outcome: "aborted" };
+      if (chosen.prefill && chosen.prefill !== chosen.decode) legs.prefill = { node: chosen.prefill, outcome: "aborted" };
+      finish(499, legs, "aborted", "client disconnected");
+    },
+    { once: true },
+  );
+
+  const routed = await state.route({ ...request, leaseId });
+  if (!routed.ok) {
+    const error = selectionFailure(routed.error);
+    finish(error.status, {}, "error", error.message);
+    throw error;
+  }
+  decision = routed.decision;
+  timings.routeMs = Date.now() - started;
+  chosen.prefill = decision.prefill.id;
+  chosen.decode = decision.decode.id;
+  failOpen = (["prefill", "decode"] as const).filter((r) => decision![r].failOpen);
   const nodes = new Map(config.nodes.map((n) => [n.id, n]));
   let prefillReported = config.protocol === "colocated";
 
@@ -123,7 +184,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
     signal: c.req.raw.signal,
     timeouts: config.timeouts,
     retries: RETRIES,
-    chosen: { prefill: decision.prefill.id, decode: decision.decode.id },
+    chosen,
     resolve: (id) => upstreamNode(c.env, nodes.get(id)!),
     failover: async (role, report, wantNext) => (await state.failover(leaseId, role, report, wantNext)).next,
     prefillDone: (report) => {
@@ -132,32 +193,6 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
     },
     sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
   };
-  const finish = (status: number, legs: { prefill?: LegReport; decode?: LegReport }, outcome: string, error?: string) => {
-    const report: FinishReport = { route: path, status, ...legs };
-    waitUntil(state.finish(leaseId, report));
-    logRequest({
-      requestId,
-      route: path,
-      model: body.model,
-      policy: `${config.policy.prefill}/${config.policy.decode}`,
-      prefill: ctx.chosen.prefill,
-      decode: ctx.chosen.decode,
-      keyHash: request.key?.slice(0, 16) ?? null,
-      keySource,
-      rule: `${decision.prefill.rule}/${decision.decode.rule}`,
-      status,
-      outcome,
-      routeMs,
-      prefillMs: timings.prefillMs,
-      decodeTtfbMs: timings.decodeMs,
-      totalMs: Date.now() - started,
-      failOpen: failOpen.length ? failOpen : undefined,
-      error,
-    });
-  };
-  const timings: { prefillMs?: number; decodeMs?: number } = {};
-  const failOpen = (["prefill", "decode"] as const).filter((r) => decision[r].failOpen);
-
   let result: ForwardResult;
   try {
     result = await PROTOCOLS[config.protocol](ctx);
@@ -178,7 +213,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
     "x-request-id": requestId,
     "x-pd-prefill": result.prefillNode,
     "x-pd-decode": result.decodeNode,
-    "server-timing": serverTiming(routeMs, result.prefillMs, result.decodeMs),
+    "server-timing": serverTiming(timings.routeMs, result.prefillMs, result.decodeMs),
   });
   timings.prefillMs = result.prefillMs;
   timings.decodeMs = result.decodeMs;
@@ -226,7 +261,9 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
 }
 
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
-export async function explainRoute(c: Ctx, kind: RequestKind, raw: string): Promise<Response> {
+export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
+  // The body is the one the client would send: chat when it has top-level messages.
+  const kind = requestKindOf(raw);
   const body = parseInferenceRequest(raw, kind);
   const { config, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, true);
   const state = clusterState(c.env);

@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, expectNoLoad, post, putCluster, received, resetSim } from "./helpers";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim } from "./helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 
@@ -44,6 +44,44 @@ describe("sglang protocol: concurrent legs with a bootstrap room", () => {
     const [p] = await received("p0");
     expect(JSON.parse(p!.body).bootstrap_host).toBe("127.0.0.1");
     expect(p!.body).not.toContain("evil");
+  });
+});
+
+describe("sglang: a failed leg aborts its partner", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+  });
+
+  it("when P fails, D (waiting for the KV) is aborted and the client gets a 502", async () => {
+    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await fault("p0", { mode: "status500" });
+    const res = await post("/v1/chat/completions", chat("x", { stream: true }));
+    expect(res.status).toBe(502);
+    expect(((await res.json()) as any).error.message).toContain("p0");
+    const deadline = Date.now() + 3000;
+    let stats: any;
+    do {
+      stats = await control("/engines/d0/stats");
+      if (stats.clientAborts >= 1) break;
+      await new Promise((r) => setTimeout(r, 50));
+    } while (Date.now() < deadline);
+    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+    await expectNoLoad();
+  });
+
+  it("fails over to another P with a fresh room", async () => {
+    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "p1", role: "prefill", bootstrapPort: 9123 } as any, { id: "d0", role: "decode" }] });
+    await fault("p0", { mode: "status500" });
+    const statuses: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await post("/v1/chat/completions", chat(`x${i}`, { stream: true }));
+      expect(res.status).toBe(200);
+      expect(await res.text()).toContain("[DONE]");
+      statuses.push(res.headers.get("x-pd-prefill")!);
+    }
+    expect(statuses).toEqual(["p1", "p1", "p1"]);
+    await expectNoLoad();
   });
 });
 

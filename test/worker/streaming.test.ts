@@ -66,6 +66,32 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     expect(stats.inflight).toBe(0);
   });
 
+  it("a client disconnect after P answered but before D's first byte aborts D and releases the load", async () => {
+    await fault("slow", { mode: "slow", delayMs: 1500 });
+    const controller = new AbortController();
+    const pending = SELF.fetch("http://router/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chat("waiting for D", { stream: true })),
+      signal: controller.signal,
+    });
+    // wait until P has answered and the decode leg is out
+    const deadline = Date.now() + 3000;
+    while (Date.now() < deadline && ((await control("/engines/slow/stats")).inflight ?? 0) < 1) await new Promise((r) => setTimeout(r, 20));
+    expect((await control("/engines/p0/stats")).inflight).toBe(0);
+    controller.abort();
+    await expect(pending).rejects.toThrow();
+    await expectNoLoad();
+    let stats: any;
+    const until = Date.now() + 3000;
+    do {
+      stats = await control("/engines/slow/stats");
+      if (stats.clientAborts >= 1) break;
+      await new Promise((r) => setTimeout(r, 50));
+    } while (Date.now() < until);
+    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+  });
+
   it("a decode node dying mid-stream ends the stream with an error event, never [DONE]", async () => {
     await fault("slow", { mode: "midstream", afterChunks: 2 });
     const res = await post("/v1/chat/completions", chat("will break", { stream: true, max_tokens: 20 }));
