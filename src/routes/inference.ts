@@ -9,7 +9,7 @@ import { forwardSglang } from "../forward/sglang";
 import { observeStream, rewriteUsageLine, setCachedTokens, type StreamEnd } from "../forward/stream";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
-import { affinityKey } from "../routing/affinity-key";
+import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import type { FinishReport, LegReport, RouteRequest } from "../state/types";
@@ -42,10 +42,11 @@ export async function buildRouteRequest(
   }
   const policy = config.policy;
   const keyed = KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode);
-  const key = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
+  const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
   const cacheAware = policy.prefill === "cache_aware" || policy.decode === "cache_aware";
   const promptText = canonicalPromptText(body, kind);
   const prefixHashes = cacheAware ? await prefixBlockHashes(promptText, policy.cacheAware.blockChars) : [];
+  const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
   return {
     config,
     keySource: key?.source ?? null,

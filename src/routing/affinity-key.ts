@@ -1,7 +1,7 @@
 import { sha256Hex } from "./hash";
 import { chatMessages, completionPrompt, isRecord } from "./message-text";
 
-export type AffinityKeySource = "session" | "user" | "chat_prefix" | "prompt_prefix";
+export type AffinityKeySource = "session" | "user" | "chat_prefix" | "prompt_prefix" | "prompt_blocks";
 export type RequestKind = "chat" | "completion";
 
 export interface AffinityKeyInput {
@@ -78,4 +78,18 @@ function promptPrefix(body: unknown): AffinityKeyMaterial | null {
   if (prompt === null || prompt.length === 0) return null;
   if (typeof prompt === "string") return keyed("prompt_prefix", prompt.slice(0, PROMPT_PREFIX_CHARS));
   return keyed("prompt_prefix", `tokens:${prompt.slice(0, PROMPT_PREFIX_TOKENS).join(",")}`);
+}
+
+/** How many leading prefix blocks make a completions conversation's key under cache_aware. */
+export const CONVERSATION_KEY_BLOCKS = 4;
+
+/**
+ * cache_aware keys a completions prompt deeper than its first 512 characters: those are often
+ * a system prompt every request shares, and a key that every request has would make the
+ * session-stickiness and tie-break pile all new conversations onto one node. The chained hash
+ * of the first few blocks covers them and what follows, and stays the same across turns.
+ */
+export function conversationKey(key: AffinityKey | null, prefixHashes: readonly string[]): AffinityKey | null {
+  if (key?.source !== "prompt_prefix" || prefixHashes.length === 0) return key;
+  return { source: "prompt_blocks", hash: prefixHashes[Math.min(prefixHashes.length, CONVERSATION_KEY_BLOCKS) - 1]! };
 }

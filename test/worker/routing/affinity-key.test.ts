@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
-import { affinityKey, affinityKeyMaterial } from "../../../src/routing/affinity-key";
+import { affinityKey, affinityKeyMaterial, conversationKey } from "../../../src/routing/affinity-key";
 import { sha256Hex } from "../../../src/routing/hash";
 
 const chat = (messages: unknown[], extra: Record<string, unknown> = {}) => ({ model: "m", messages, ...extra });
@@ -114,5 +114,21 @@ describe("affinityKey", () => {
     expect(found).toEqual({ source: "prompt_prefix", hash: await sha256Hex(affinityKeyMaterial(input)!.material) });
     expect(found?.hash).toMatch(/^[0-9a-f]{64}$/);
     expect(await affinityKey({ body: {}, kind: "completion" })).toBeNull();
+  });
+});
+
+describe("conversationKey: cache_aware keys a completions prompt deeper than a shared system prompt", () => {
+  const prefixKey = { source: "prompt_prefix" as const, hash: "shared-by-every-request" };
+  it("uses the chained hash of the first blocks instead of the first 512 characters", () => {
+    expect(conversationKey(prefixKey, ["b0", "b1", "b2", "b3", "b4", "b5"])).toEqual({ source: "prompt_blocks", hash: "b3" });
+    expect(conversationKey(prefixKey, ["b0", "b1"])).toEqual({ source: "prompt_blocks", hash: "b1" });
+  });
+  it("keeps the key when the prompt has no full block, and keys that already name the conversation", () => {
+    expect(conversationKey(prefixKey, [])).toBe(prefixKey);
+    const session = { source: "session" as const, hash: "s" };
+    expect(conversationKey(session, ["b0", "b1"])).toBe(session);
+    const chat = { source: "chat_prefix" as const, hash: "c" };
+    expect(conversationKey(chat, ["b0"])).toBe(chat);
+    expect(conversationKey(null, ["b0"])).toBeNull();
   });
 });
