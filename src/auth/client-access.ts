@@ -31,7 +31,9 @@ export function background(c: { executionCtx: { waitUntil(promise: Promise<unkno
  * Authorization header, never from the URL), then optional rate limiting with the
  * `RATE_LIMITER` binding, keyed by the key's hash, or the client IP when auth is off.
  */
-export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandler<{ Bindings: Env }> {
+const INFERENCE_PATHS = new Set(["/v1/chat/completions", "/v1/completions"]);
+
+export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandler<{ Bindings: Env; Variables: { keyLabel?: string } }> {
   return async function clientAccess(c, next) {
     const keys = apiKeys(c.env);
     let label: string | null = null;
@@ -40,7 +42,10 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
       if (token === null) throw unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.");
       if (!(await matchesAny(token, keys))) throw unauthorized("Incorrect API key provided.");
       label = await keyLabel(token);
-      background(c, clusterState(c.env).countKey(label));
+      // Routed requests carry the label to the Durable Object in their finish report (no
+      // extra round trip); the other /v1 routes count it here.
+      if (INFERENCE_PATHS.has(c.req.path)) c.set("keyLabel", label);
+      else background(c, clusterState(c.env).countKey(label));
     }
 
     const limiter = c.env.RATE_LIMITER;

@@ -45,7 +45,9 @@ const PolicySchema = z
     cacheAware: z
       .object({
         blockChars: positiveInt.min(64).max(65536).default(2048),
-        loadAlpha: z.number().min(0).max(100).default(0.5),
+        loadFactor: z.number().min(1).max(100).default(3),
+        shareFactor: z.number().min(1).max(100).default(1.1),
+        shareHalfLife: positiveInt.max(1_000_000).default(1000),
       })
       .strict()
       .default({}),

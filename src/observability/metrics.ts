@@ -100,11 +100,12 @@ export function routeLabel(path: string): string {
 const COUNTED_AFTER_ROUTING = new Set(["upstream_rejected", "upstream_timeout", "upstream_unavailable", "client_closed_request"]);
 
 /** Counts (and logs) a request refused before routing: bad input, auth, limits, unknown route or model. */
-export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestId: string } }>, error: RouterError): void {
+export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestId: string; keyLabel?: string } }>, error: RouterError): void {
   if (COUNTED_AFTER_ROUTING.has(error.code)) return;
   const route = routeLabel(new URL(c.req.url).pathname);
   logRequest({ requestId: c.get("requestId") ?? "", route, status: error.status, outcome: "rejected", error: error.code, totalMs: 0 });
-  background(c, clusterState(c.env).count(route, error.status));
+  // an authenticated inference request refused before routing: its key is counted here
+  background(c, clusterState(c.env).count(route, error.status, c.get("keyLabel")));
 }
 
 /** Counts a successful answer of a route that takes no lease (models, dry runs). */

@@ -16,7 +16,7 @@ import type { FinishReport, LegReport, RouteRequest } from "../state/types";
 import { logRequest } from "../observability/log";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
-export type AppEnv = { Bindings: Env; Variables: { requestId: string } };
+export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
 type Ctx = Context<AppEnv>;
 
 const PROTOCOLS = { vllm: forwardVllm, sglang: forwardSglang, colocated: forwardColocated } as const;
@@ -129,7 +129,8 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
   const finish = (status: number, legs: { prefill?: LegReport; decode?: LegReport }, outcome: string, error?: string) => {
     if (finished) return;
     finished = true;
-    const report: FinishReport = { route: path, status, ...legs };
+    const keyLabel = c.get("keyLabel");
+    const report: FinishReport = { route: path, status, ...legs, ...(keyLabel ? { keyLabel } : {}) };
     waitUntil(state.finish(leaseId, report));
     logRequest({
       requestId,

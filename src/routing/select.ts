@@ -87,7 +87,8 @@ interface Pool {
   matches: Record<string, number>;
   blockCount: number;
   loadFactor: number;
-  loadAlpha: number;
+  cacheLoadFactor: number;
+  shareFactor: number;
 }
 
 function poolOf(input: SelectionInput, role: Role): Pool {
@@ -101,7 +102,8 @@ function poolOf(input: SelectionInput, role: Role): Pool {
     matches: input.prefixMatches[role],
     blockCount: input.prefixBlockCount,
     loadFactor: input.policy.loadFactor,
-    loadAlpha: input.policy.cacheAware.loadAlpha,
+    cacheLoadFactor: input.policy.cacheAware.loadFactor,
+    shareFactor: input.policy.cacheAware.shareFactor,
   };
 }
 
@@ -139,17 +141,29 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   // Over exactly that set the bounds sum to more than its load, so some node is under its bound.
   let totalLoad = 0;
   let totalWeight = 0;
+  let totalRecent = 0;
   for (const n of nodes) {
     if (!isAvailable(n)) continue;
     totalLoad += Math.max(0, n.load);
     totalWeight += n.weight;
+    totalRecent += Math.max(0, n.recent ?? 0);
   }
+  const cacheAware = policy === "cache_aware";
+  const loadFactor = cacheAware ? pool.cacheLoadFactor : pool.loadFactor;
   // A node outside that set (a draining sticky node) is measured as if it were one more member.
   const boundOf = (n: CandidateNode): number =>
     isAvailable(n)
-      ? loadBound(n.weight, totalWeight, totalLoad, pool.loadFactor)
-      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), pool.loadFactor);
-  const underOwnBound = (n: CandidateNode): boolean => !bounded || n.load < boundOf(n);
+      ? loadBound(n.weight, totalWeight, totalLoad, loadFactor)
+      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), loadFactor);
+  // cache_aware's share bound: the same construction over recently routed requests, so the
+  // bounds again sum to more than the total and some node is always under its own.
+  const shareBoundOf = (n: CandidateNode): number => {
+    const weight = isAvailable(n) ? totalWeight : totalWeight + n.weight;
+    const recent = isAvailable(n) ? totalRecent : totalRecent + Math.max(0, n.recent ?? 0);
+    return weight > 0 ? (pool.shareFactor * (recent + 1) * n.weight) / weight : Infinity;
+  };
+  const underShare = (n: CandidateNode): boolean => !cacheAware || (n.recent ?? 0) < shareBoundOf(n);
+  const underOwnBound = (n: CandidateNode): boolean => !bounded || (n.load < boundOf(n) && underShare(n));
 
   const rendezvous = new Map<string, number>();
   if (pool.key !== null && policy !== "round_robin") {
@@ -161,8 +175,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   // Session stickiness: the conversation's previous node keeps it, even while draining.
   if (usesKey && pool.sticky !== undefined) {
     const sticky = nodes.find((n) => n.id === pool.sticky);
-    if (sticky && sticky.healthy && inScope(sticky) && sticky.load < boundOf(sticky)) {
-      const order = policyOrder(pool, policy, nodes, inScope, totalLoad, totalWeight, byRendezvous);
+    if (sticky && sticky.healthy && inScope(sticky) && underOwnBound(sticky)) {
+      const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
       return finish(order, sticky, "sticky", false);
     }
   }
@@ -174,7 +188,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     return failOpen();
   }
 
-  const order = policyOrder(pool, policy, nodes, inScope, totalLoad, totalWeight, byRendezvous);
+  const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
   let chosen = order.nodes.find((n) => eligible(n) && underOwnBound(n));
   let rule: DecisionRule = policy;
   if (chosen === undefined) {
@@ -199,6 +213,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
       if (terms) {
         c.matchedBlocks = terms.matched;
         c.score = terms.score;
+        c.recent = Math.round((n.recent ?? 0) * 1000) / 1000;
+        c.shareBound = Math.round(shareBoundOf(n) * 1000) / 1000;
       }
       if (n !== pick) {
         const skipped = skipReason(n);
@@ -221,7 +237,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     if (!n.healthy) return "unhealthy";
     if (!inScope(n)) return "group";
     if (n.drain) return "draining";
-    if (!underOwnBound(n)) return "over_bound";
+    if (bounded && n.load >= boundOf(n)) return "over_bound";
+    if (!underShare(n)) return "over_share";
     return undefined;
   }
 
@@ -271,8 +288,6 @@ function policyOrder(
   policy: PolicyName,
   nodes: CandidateNode[],
   inScope: (n: CandidateNode) => boolean,
-  totalLoad: number,
-  totalWeight: number,
   byRendezvous: (a: CandidateNode, b: CandidateNode) => number,
 ): PolicyOrder {
   switch (policy) {
@@ -289,20 +304,22 @@ function policyOrder(
     case "least_load":
       return { nodes: [...nodes].sort((a, b) => loadPerWeight(a) - loadPerWeight(b) || byRendezvous(a, b)) };
     case "cache_aware": {
-      // score = matched/total - loadAlpha * (load/weight) / (mean load per weight of the pool).
-      // No blocks: the prefix term is 0. Nothing in flight: the load term is 0. Equal scores
-      // (a system prompt every node holds, or nothing held anywhere) fall to rendezvous order,
-      // which spreads new conversations like affinity does.
-      const meanPerWeight = totalWeight > 0 ? totalLoad / totalWeight : 0;
+      // Longest cached prefix first: a block found is a block not prefilled again. Load enters
+      // as hard limits (in-flight and recent-share bounds, applied by the caller), not as a
+      // discount on the match, which would trade hits for a balance the bounds already keep.
+      // Equal matches (nothing held, or only a system prompt every node holds) go to the node
+      // with the smallest recent share, then rendezvous order on the conversation key.
       const terms = new Map<string, { matched: number; score: number }>();
       for (const n of nodes) {
         const matched = Math.max(0, Math.min(pool.matches[n.id] ?? 0, pool.blockCount));
-        const prefix = pool.blockCount > 0 ? matched / pool.blockCount : 0;
-        const relativeLoad = meanPerWeight > 0 ? loadPerWeight(n) / meanPerWeight : 0;
-        terms.set(n.id, { matched, score: prefix - pool.loadAlpha * relativeLoad });
+        terms.set(n.id, { matched, score: pool.blockCount > 0 ? matched / pool.blockCount : 0 });
       }
-      const scoreOf = (n: CandidateNode): number => terms.get(n.id)?.score ?? 0;
-      return { nodes: [...nodes].sort((a, b) => scoreOf(b) - scoreOf(a) || byRendezvous(a, b)), terms };
+      const matchedOf = (n: CandidateNode): number => terms.get(n.id)?.matched ?? 0;
+      const shareOf = (n: CandidateNode): number => (n.recent ?? 0) / (n.weight > 0 ? n.weight : 1);
+      return {
+        nodes: [...nodes].sort((a, b) => matchedOf(b) - matchedOf(a) || shareOf(a) - shareOf(b) || byRendezvous(a, b)),
+        terms,
+      };
     }
   }
 }

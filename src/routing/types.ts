@@ -8,8 +8,19 @@ export type PdGroupMode = "off" | "prefer" | "strict";
 export interface CacheAwareParams {
   /** characters a prefix block holds (the index and the request must agree) */
   blockChars: number;
-  /** weight of the load term against the matched-prefix term */
-  loadAlpha: number;
+  /**
+   * in-flight bound for cache_aware (same formula as `loadFactor`): looser than affinity's,
+   * because moving a conversation off its cache costs a full prefill elsewhere
+   */
+  loadFactor: number;
+  /**
+   * share bound: a node may take a request only while its share of the recently routed
+   * requests is below `shareFactor` x its weight's share — keeps requests per node even
+   * while the longest cached prefix decides
+   */
+  shareFactor: number;
+  /** requests after which a routed request counts half in the recent share */
+  shareHalfLife: number;
 }
 
 export interface SelectionPolicy {
@@ -35,6 +46,8 @@ export interface CandidateNode {
   drain: boolean;
   /** epoch ms of the node's last failure, 0 if none (fail-open picks the least recent) */
   lastFailureAt: number;
+  /** requests recently routed to this node in this role (decayed count; cache_aware's share) */
+  recent?: number;
 }
 
 export interface SelectionInput {
@@ -78,11 +91,13 @@ export interface ScoredCandidate {
   bound?: number;
   /** rendezvous score (higher ranks first), if the policy uses one */
   rendezvous?: number;
-  /** cache_aware terms */
+  /** cache_aware terms: leading prefix blocks held, their fraction, recent share and its bound */
   matchedBlocks?: number;
   score?: number;
+  recent?: number;
+  shareBound?: number;
   /** the node was passed over, and why */
-  skipped?: "unhealthy" | "draining" | "over_bound" | "group";
+  skipped?: "unhealthy" | "draining" | "over_bound" | "over_share" | "group";
 }
 
 export interface RoleDecision {

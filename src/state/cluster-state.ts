@@ -68,6 +68,8 @@ export class ClusterState extends DurableObject {
   private cluster: ClusterView | null = null;
   private readonly health = new Map<string, NodeHealth>();
   private readonly counters = new Map<string, NodeCounters>();
+  /** requests recently routed per node and role, decayed per routed request (cache_aware's share) */
+  private readonly recent = new Map<string, { prefill: number; decode: number }>();
   private readonly leases = new Map<string, NodeLease>();
   private readonly prefixIndex = { prefill: new PrefixIndex(PREFIX_INDEX_ENTRIES), decode: new PrefixIndex(PREFIX_INDEX_ENTRIES) };
   private readonly sticky = new Map<string, { prefill: string; decode: string }>();
@@ -159,6 +161,7 @@ export class ClusterState extends DurableObject {
     this.leases.set(leaseId, lease);
     if (lease.prefill) this.take(lease.prefill, "prefill", 0, now);
     this.take(d, "decode", req.tokens, now);
+    this.countRecent(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
     return { ok: true, leaseId, decision };
   }
 
@@ -205,6 +208,7 @@ export class ClusterState extends DurableObject {
     const now = Date.now();
     const key = `${report.route}\u0000${report.status}`;
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+    if (report.keyLabel) this.countKey(report.keyLabel);
     if (report.prefill) this.applyOutcome(report.prefill, now);
     if (report.decode) {
       this.applyOutcome(report.decode, now);
@@ -223,9 +227,10 @@ export class ClusterState extends DurableObject {
   }
 
   /** Counts a request that never reached routing (bad input, auth), for /metrics. */
-  count(route: string, status: number): void {
+  count(route: string, status: number, keyLabel?: string): void {
     const key = `${route}\u0000${status}`;
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+    if (keyLabel) this.countKey(keyLabel);
   }
 
   /** Counts one authenticated request under its key label, for /metrics. */
@@ -317,6 +322,7 @@ export class ClusterState extends DurableObject {
         this.health.delete(id);
         this.prefixIndex.prefill.forget(id);
         this.prefixIndex.decode.forget(id);
+        this.recent.delete(id);
         const c = this.counters.get(id);
         if (c && c.prefill === 0 && c.decode === 0) this.counters.delete(id);
       }
@@ -339,6 +345,7 @@ export class ClusterState extends DurableObject {
       healthy: isHealthy(h, now),
       drain: n.drain,
       lastFailureAt: h.lastFailureAt,
+      recent: this.recent.get(n.id)?.[role] ?? 0,
     };
   }
 
@@ -351,6 +358,22 @@ export class ClusterState extends DurableObject {
     else c.requestsDecode += 1;
     const h = this.health.get(node);
     if (h) onPicked(h, now);
+  }
+
+  /** Decays every node's recent count by one request's worth and counts this one. */
+  private countRecent(prefill: string | null, decode: string, halfLife: number): void {
+    const decay = 0.5 ** (1 / halfLife);
+    for (const r of this.recent.values()) {
+      if (prefill) r.prefill *= decay;
+      r.decode *= decay;
+    }
+    const bump = (id: string, role: Role) => {
+      const r = this.recent.get(id) ?? { prefill: 0, decode: 0 };
+      r[role] += 1;
+      this.recent.set(id, r);
+    };
+    if (prefill) bump(prefill, "prefill");
+    bump(decode, "decode");
   }
 
   private give(node: string, role: Role, tokens: number): void {

@@ -53,6 +53,8 @@ export interface LegReport {
 export interface FinishReport {
   route: string;
   status: number;
+  /** short hash of the client's API key, counted per key (never the key) */
+  keyLabel?: string;
   prefill?: LegReport;
   decode?: LegReport;
 }

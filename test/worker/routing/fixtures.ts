@@ -18,7 +18,7 @@ export function selection(fields: InputFields = {}): SelectionInput {
       pdGroup: "off",
       pdGroupBonus: 0.3,
       loadFactor: 1.25,
-      cacheAware: { blockChars: 512, loadAlpha: 0.5 },
+      cacheAware: { blockChars: 512, loadFactor: 3, shareFactor: 1.1, shareHalfLife: 1000 },
       ...policy,
     },
     colocated: false,

@@ -110,7 +110,15 @@ describe("affinity", () => {
             continue;
           }
           const d = decided(
-            selectRoute(selection({ key, decode: nodes, policy: { decode: policy, loadFactor }, prefixBlockCount: 4 })),
+            selectRoute(
+              selection({
+                key,
+                decode: nodes,
+                // cache_aware has its own in-flight factor: give both policies the same one
+                policy: { decode: policy, loadFactor, cacheAware: { blockChars: 512, loadFactor, shareFactor: 1.1, shareHalfLife: 1000 } },
+                prefixBlockCount: 4,
+              }),
+            ),
           );
           const live = nodes.filter((n) => n.healthy && !n.drain);
           const T = live.reduce((s, n) => s + n.load, 0);
@@ -160,18 +168,54 @@ describe("cache_aware", () => {
     expect(d.candidates.map((c) => c.id)).toEqual(["d1", "d0", "d2"]);
   });
 
-  it("weighs load against the match", () => {
-    // mean load 2: d1 score 0.9 - 0.5 * 4/2 = -0.1, d0 score 0.8 - 0.5 * 1/2 = 0.55
-    const busy = [node("d0", { load: 1 }), node("d1", { load: 4 }), node("d2", { load: 1 })];
-    const d = cache({ d0: 8, d1: 9 }, { decode: busy, policy: { loadFactor: 3 } });
-    expect(d.id).toBe("d0");
+  it("keeps the longest match while the node is under its in-flight and share bounds", () => {
+    // in-flight bound: ceil(3 * (6+1) / 3) = 7; share bound: 1.1 * (30+1) / 3 = 11.37
+    const busy = [node("d0", { load: 1, recent: 10 }), node("d1", { load: 4, recent: 11 }), node("d2", { load: 1, recent: 9 })];
+    const d = cache({ d0: 8, d1: 9 }, { decode: busy });
+    expect(d.id).toBe("d1");
+    expect(d.candidates[0]).toMatchObject({ id: "d1", matchedBlocks: 9, recent: 11, shareBound: 11.367 });
   });
 
-  it("treats the load bound as a hard limit", () => {
+  it("treats the in-flight bound as a hard limit", () => {
     const loaded = [node("d0"), node("d1", { load: 3 }), node("d2")]; // bound ceil(1.25*4/3) = 2
-    const d = cache({ d1: 10 }, { decode: loaded, policy: { cacheAware: { blockChars: 512, loadAlpha: 0 } } });
+    const d = cache({ d1: 10 }, { decode: loaded, policy: { cacheAware: { blockChars: 512, loadFactor: 1.25, shareFactor: 1.1, shareHalfLife: 1000 } } });
     expect(d.id).not.toBe("d1");
     expect(d.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_bound");
+  });
+
+  it("treats the share bound as a hard limit, so requests per node stay even", () => {
+    // d1 took 12 of the last 30 requests: over 1.1 * 31 / 3 = 11.37
+    const skewed = [node("d0", { recent: 9 }), node("d1", { recent: 12 }), node("d2", { recent: 9 })];
+    const d = cache({ d1: 10, d0: 3 }, { decode: skewed });
+    expect(d.id).toBe("d0");
+    expect(d.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_share");
+  });
+
+  it("sends a request whose prefix nobody holds to the node with the smallest recent share", () => {
+    const d = cache({ d0: 1, d1: 1, d2: 1 }, { decode: [node("d0", { recent: 5 }), node("d1", { recent: 3 }), node("d2", { recent: 4 })] });
+    expect(d.id).toBe("d1");
+  });
+
+  it("never picks a node over either bound when one under both exists (property)", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.record({ load: fc.nat(6), recent: fc.nat(40), matched: fc.nat(10) }), { minLength: 2, maxLength: 6 }),
+        (specs) => {
+          const pool = specs.map((s, i) => node(`d${i}`, { load: s.load, recent: s.recent }));
+          const matches = Object.fromEntries(specs.map((s, i) => [`d${i}`, s.matched]));
+          const d = cache(matches, { decode: pool });
+          const chosen = d.candidates.find((c) => c.id === d.id)!;
+          const feasible = d.candidates.some((c) => c.load < c.bound! && c.recent! < c.shareBound!);
+          if (feasible) {
+            expect(chosen.load).toBeLessThan(chosen.bound!);
+            expect(chosen.recent!).toBeLessThan(chosen.shareBound!);
+            // and no feasible node holds a longer prefix
+            const better = d.candidates.filter((c) => c.load < c.bound! && c.recent! < c.shareBound! && c.matchedBlocks! > chosen.matchedBlocks!);
+            expect(better).toEqual([]);
+          }
+        },
+      ),
+    );
   });
 
   it("spreads new conversations evenly when nothing (or only a shared system prompt) matches", () => {
