@@ -27,7 +27,8 @@ import type {
 
 /** A lease expires by itself after this, so a lost release cannot leak load. */
 export const LEASE_TTL_MS = 10 * 60_000;
-const PREFIX_INDEX_ENTRIES = 200_000;
+/** per role; ~130 bytes an entry (PrefixIndex.BYTES_PER_ENTRY_ESTIMATE): ~26 MB for both */
+const PREFIX_INDEX_ENTRIES = 100_000;
 const STICKY_ENTRIES = 100_000;
 const LATENCY_BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 
