@@ -2,7 +2,7 @@ import type { Context } from "hono";
 import { clusterState, clusterView, currentConfig, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig, NodeConfig } from "../config/schema";
 import type { Env } from "../env";
-import { errorEnvelope, RouterError } from "../errors";
+import { RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
 import { wasReported, type ForwardContext, type ForwardResult } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
@@ -247,11 +247,11 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
 
   const onEnd = (end: StreamEnd) =>
     prefillSettled.then((prefill) => {
-        const status = end.outcome === "ok" ? upstream.status : end.outcome === "aborted" ? 499 : 502;
-        const legs: { prefill?: LegReport; decode?: LegReport } = { decode: decodeLeg(end.outcome === "failure" ? "failure" : end.outcome === "aborted" ? "aborted" : "ok") };
-        if (prefill) legs.prefill = prefill;
-        finish(status, legs, end.outcome, end.outcome === "failure" ? end.error : undefined);
-      });
+      const status = end.outcome === "ok" ? upstream.status : end.outcome === "aborted" ? 499 : 502;
+      const legs: { prefill?: LegReport; decode?: LegReport } = { decode: decodeLeg(end.outcome) };
+      if (prefill) legs.prefill = prefill;
+      finish(status, legs, end.outcome, end.outcome === "failure" ? end.error : undefined);
+    });
   const streamed = observeStream(upstream.body ?? new ReadableStream(), {
     sse,
     rewriteLine: sse && result.cachedTokens !== null ? rewriteUsageLine(result.cachedTokens) : undefined,
@@ -296,4 +296,3 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   });
 }
 
-export { errorEnvelope };

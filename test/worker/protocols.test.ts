@@ -1,3 +1,4 @@
+import { env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim } from "./helpers";
 
@@ -144,5 +145,16 @@ describe("round robin across P and D, shared by every isolate through the Durabl
     expect(count(picks.map((p) => p[0]))).toEqual({ p0: 6, p1: 6 });
     expect(count(picks.map((p) => p[1]))).toEqual({ d0: 4, d1: 4, d2: 4 });
     await expectNoLoad();
+
+    // The cursors live in memory on the hot path; the alarm checkpoints them into SQLite.
+    const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster")) as unknown;
+    expect(await runDurableObjectAlarm(stub as never)).toBe(true);
+    const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any, state: DurableObjectState) => unknown) => Promise<any>;
+    const [memory, stored] = await run(stub, (instance, state) => [
+      { ...instance.cursors },
+      Object.fromEntries(state.storage.sql.exec<{ pool: string; value: number }>("SELECT pool, value FROM cursor").toArray().map((r) => [r.pool, r.value])),
+    ]);
+    expect(stored).toEqual(memory);
+    expect(memory.prefill).toBeGreaterThanOrEqual(12);
   });
 });
