@@ -120,6 +120,8 @@ type RankOutcome = Ranked | { kind: "empty" } | { kind: "none_in_group" };
 
 const isAvailable = (n: CandidateNode): boolean => n.healthy && !n.drain;
 const loadPerWeight = (n: CandidateNode): number => n.load / (n.weight > 0 ? n.weight : 1);
+/** requests recently routed to the node, per unit of weight */
+const shareOf = (n: CandidateNode): number => (n.recent ?? 0) / (n.weight > 0 ? n.weight : 1);
 
 /**
  * Ranks one role's pool by its policy and picks a node. `group` restricts the pick to one group
@@ -302,7 +304,9 @@ function policyOrder(
     case "affinity":
       return { nodes: [...nodes].sort(byRendezvous) };
     case "least_load":
-      return { nodes: [...nodes].sort((a, b) => loadPerWeight(a) - loadPerWeight(b) || byRendezvous(a, b)) };
+      // Ties (idle nodes) go to the smallest recent share first: a rendezvous order alone would
+      // hand every tie to the same nodes whenever requests share a key (a common system prompt).
+      return { nodes: [...nodes].sort((a, b) => loadPerWeight(a) - loadPerWeight(b) || shareOf(a) - shareOf(b) || byRendezvous(a, b)) };
     case "cache_aware": {
       // Longest cached prefix first: a block found is a block not prefilled again. Load enters
       // as hard limits (in-flight and recent-share bounds, applied by the caller), not as a
@@ -315,7 +319,6 @@ function policyOrder(
         terms.set(n.id, { matched, score: pool.blockCount > 0 ? matched / pool.blockCount : 0 });
       }
       const matchedOf = (n: CandidateNode): number => terms.get(n.id)?.matched ?? 0;
-      const shareOf = (n: CandidateNode): number => (n.recent ?? 0) / (n.weight > 0 ? n.weight : 1);
       return {
         nodes: [...nodes].sort((a, b) => matchedOf(b) - matchedOf(a) || shareOf(a) - shareOf(b) || byRendezvous(a, b)),
         terms,

@@ -144,6 +144,14 @@ describe("least_load", () => {
       expect(t.decode.id).toBe(rank(key + DECODE_KEY_DISCRIMINATOR, tied)[0]);
     }
   });
+
+  it("breaks load ties by the smallest recent share first, so one shared key cannot pick the same nodes every time", () => {
+    const idle = [node("a", { recent: 7 }), node("b", { recent: 2 }), node("c", { recent: 5 })];
+    for (const key of testKeys(20)) {
+      const t = decided(selectRoute(selection({ key, decode: idle, policy: { decode: "least_load" } })));
+      expect(t.decode.id).toBe("b");
+    }
+  });
 });
 
 describe("cache_aware", () => {
