@@ -57,6 +57,15 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
     if (method === 'GET' && path === '/stats') {
       return [200, Object.fromEntries([...engines.values()].map((e) => [e.id, e.stats()]))];
     }
+    if (method === 'GET' && path === '/request-stats') {
+      // x-request-id -> engine id -> what that engine did for it (the P and D legs side by side)
+      /** @type {Record<string, Record<string, unknown>>} */
+      const byRequest = {};
+      for (const e of engines.values()) {
+        for (const [requestId, rec] of Object.entries(e.requestStats())) (byRequest[requestId] ??= {})[e.id] = rec;
+      }
+      return [200, byRequest];
+    }
     if (method === 'POST' && path === '/reset') {
       for (const e of engines.values()) {
         e.reset();
@@ -67,13 +76,14 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       registry.claimedRooms.clear();
       return [200, { ok: true }];
     }
-    const m = /^\/engines\/([^/]+)\/(stats|requests|fault|stop|start|reset)$/.exec(path);
+    const m = /^\/engines\/([^/]+)\/(stats|request-stats|requests|fault|stop|start|reset)$/.exec(path);
     if (!m) return bad(404, `no route ${method} ${path}`);
     const engine = engines.get(decodeURIComponent(m[1]));
     if (!engine) return bad(404, `no engine ${m[1]}`);
     const action = m[2];
     if (method === 'GET' && action === 'stats') return [200, engine.stats()];
     if (method === 'GET' && action === 'requests') return [200, engine.requests()];
+    if (method === 'GET' && action === 'request-stats') return [200, engine.requestStats()];
     if (method !== 'POST') return bad(405, `${method} not allowed on ${path}`);
     switch (action) {
       case 'fault': {

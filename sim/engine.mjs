@@ -47,6 +47,8 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
 
 const MAX_LOG = 500;
 const MAX_REMEMBERED = 10000;
+/** per-request figures kept per engine (keyed by x-request-id), oldest dropped first */
+const MAX_REQUEST_STATS = 50000;
 const FILLER = 'the quick brown fox jumps over a lazy dog while seven bright stars drift across calm northern water'.split(' ');
 
 /** @returns {Registry} */
@@ -86,6 +88,21 @@ function emptyStats() {
 }
 
 /**
+ * What one engine did for one request (one leg), keyed by its x-request-id: the benchmark
+ * joins the P and D records of a request to count, e.g., turns that hit a locality miss.
+ * @typedef {object} RequestStats
+ * @property {LegKind} leg
+ * @property {number} promptTokens
+ * @property {number} cachedTokens
+ * @property {number} blocks full blocks of the prompt looked up
+ * @property {number} blocksHit
+ * @property {number} localityMissBlocks blocks missing here that another running node held
+ * @property {number} [blocksPulled] decode legs: blocks transferred from P
+ * @property {boolean} [fullRepull] decode legs: nothing of the prompt was held here
+ * @property {string} [remoteEngineId] vllm decode legs: the P named in kv_transfer_params
+ */
+
+/**
  * One request received on a completion route. The SGLang room is cut from the raw text, so a
  * 63-bit integer stays exact; `bootstrapRoomBareInteger` says it was written as a JSON number.
  * @typedef {{ path: string, headers: Record<string, string>, body: string, receivedAt: number, bootstrapRoom?: string, bootstrapRoomBareInteger?: boolean }} RequestLogEntry
@@ -103,6 +120,7 @@ function emptyStats() {
  * @property {boolean} running
  * @property {() => ReturnType<typeof emptyStats> & { id: string, role: EngineRole, inflight: number, cacheBlocksUsed: number, running: boolean }} stats
  * @property {() => RequestLogEntry[]} requests
+ * @property {() => Record<string, RequestStats>} requestStats figures per x-request-id
  * @property {() => void} reset
  * @property {(f: Fault) => void} setFault
  * @property {() => Promise<void>} stop
@@ -141,6 +159,8 @@ export async function startEngine(options) {
   let stats = emptyStats();
   /** @type {RequestLogEntry[]} */
   let log = [];
+  /** @type {Map<string, RequestStats>} */
+  let requestStats = new Map();
   /** @type {Required<Fault>} */
   let fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
   let inflight = 0;
@@ -201,13 +221,15 @@ export async function startEngine(options) {
       }
     }
     stats.localityMissBlocks += misses;
+    return misses;
   }
 
   /**
    * Prefill locally: queue behind other prefills, reuse the cached prefix, compute the rest.
    * @param {string[]} hashes @param {number} tokens @param {{ debt: number }} clock
+   * @param {Partial<RequestStats>} [rec] filled with this request's figures
    */
-  async function prefillLocal(hashes, tokens, clock) {
+  async function prefillLocal(hashes, tokens, clock, rec) {
     // Queue time in simulated ms, from the work ahead rather than the real wait: at small time
     // scales a millisecond of event-loop jitter would otherwise read as seconds of queueing.
     const startedAhead = prefillStartedSimTotal;
@@ -222,8 +244,9 @@ export async function startEngine(options) {
     try {
       const queueMs = runningLeft + (prefillStartedSimTotal - startedAhead);
       const hit = cache.match(hashes);
-      countLocalityMisses(hashes.slice(hit), undefined);
+      const misses = countLocalityMisses(hashes.slice(hit), undefined);
       const cachedTokens = Math.min(tokens, hit * blockTokens);
+      if (rec) Object.assign(rec, { promptTokens: tokens, cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses });
       stats.promptTokens += tokens;
       stats.cachedTokens += cachedTokens;
       stats.blocksLookedUp += hashes.length;
@@ -244,11 +267,12 @@ export async function startEngine(options) {
    * Pull from a prefill node the blocks of the prompt this node lacks.
    * @param {string[]} hashes full blocks @param {number} tokens @param {string | undefined} source
    * @param {{ debt: number }} clock
+   * @param {Partial<RequestStats>} [rec] filled with this request's figures
    */
-  async function pullBlocks(hashes, tokens, source, clock) {
+  async function pullBlocks(hashes, tokens, source, clock, rec) {
     const totalBlocks = Math.ceil(tokens / blockTokens);
     const hit = cache.match(hashes);
-    countLocalityMisses(hashes.slice(hit), source);
+    const misses = countLocalityMisses(hashes.slice(hit), source);
     const cachedTokens = Math.min(tokens, hit * blockTokens);
     stats.promptTokens += tokens;
     stats.cachedTokens += cachedTokens;
@@ -257,6 +281,10 @@ export async function startEngine(options) {
     const pulled = Math.max(0, totalBlocks - hit);
     if (hit === 0 && pulled > 1) stats.fullRepulls++;
     else stats.suffixPulls++;
+    if (rec) {
+      Object.assign(rec, { promptTokens: tokens, cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses, blocksPulled: pulled, fullRepull: hit === 0 && pulled > 1 });
+      if (source !== undefined) rec.remoteEngineId = source;
+    }
     stats.blocksPulled += pulled;
     transfersNow++;
     const transferMs = transferMsPerBlock * pulled;
@@ -438,6 +466,13 @@ export async function startEngine(options) {
     const clock = { debt: 0 };
     const kv = body.kv_transfer_params;
     const requestId = entry.headers['x-request-id'];
+    /** @type {Partial<RequestStats>} */
+    const rec = {};
+    if (requestId) {
+      requestStats.delete(requestId);
+      requestStats.set(requestId, rec);
+      if (requestStats.size > MAX_REQUEST_STATS) requestStats.delete(/** @type {string} */ (requestStats.keys().next().value));
+    }
 
     try {
       if (roomMatch && body.bootstrap_room !== undefined && body.bootstrap_room !== null) {
@@ -453,7 +488,8 @@ export async function startEngine(options) {
           if (!namesMe) {
             violation(`sglang prefill leg names bootstrap ${bHost}:${bPort}, this node is ${host}:${engine.bootstrapPort}`);
           }
-          const p = await prefillLocal(hashes, tokens, clock);
+          rec.leg = 'sglangPrefill';
+          const p = await prefillLocal(hashes, tokens, clock, rec);
           publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs });
           return await generate(res, ctx, { outputTokens: 1, beforeFirstMs: 0, usage: usageOf(tokens, 1, p.cachedTokens), recordLatency: false, clock });
         }
@@ -469,7 +505,8 @@ export async function startEngine(options) {
           stats.errors++;
           return sendError(res, 502, `bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`, 'server_error');
         }
-        const t = await pullBlocks(hashes, tokens, found.engineId, clock);
+        rec.leg = 'sglangDecode';
+        const t = await pullBlocks(hashes, tokens, found.engineId, clock, rec);
         return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
       }
 
@@ -482,7 +519,8 @@ export async function startEngine(options) {
         for (const field of ['stream_options', 'min_tokens', 'min_completion_tokens']) {
           if (body[field] !== undefined) violation(`vllm prefill leg has ${field}`);
         }
-        const p = await prefillLocal(hashes, tokens, clock);
+        rec.leg = 'vllmPrefill';
+        const p = await prefillLocal(hashes, tokens, clock, rec);
         if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
         const totalBlocks = Math.ceil(tokens / blockTokens);
         const chatOut = ctx.chat;
@@ -522,7 +560,8 @@ export async function startEngine(options) {
           violation(`vllm decode leg names remote_port ${kv.remote_port}, engine ${source} listens on ${remote.port}`);
         }
         const upstream = requestId ? registry.prefills.get(requestId) : undefined;
-        const t = await pullBlocks(hashes, tokens, source, clock);
+        rec.leg = 'vllmDecode';
+        const t = await pullBlocks(hashes, tokens, source, clock, rec);
         const before = (upstream ? upstream.queueMs + upstream.prefillMs : 0) + t.transferMs;
         return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: before, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
       }
@@ -532,7 +571,8 @@ export async function startEngine(options) {
       if (kv === undefined) stats.requests.colocated++;
       else stats.requests.vllmDecode++;
       if (role === 'decode') stats.selfPrefills++;
-      const p = await prefillLocal(hashes, tokens, clock);
+      rec.leg = kv === undefined ? 'colocated' : 'vllmDecode';
+      const p = await prefillLocal(hashes, tokens, clock, rec);
       return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: p.queueMs + p.prefillMs, usage: usageOf(tokens, maxTokens, p.cachedTokens), recordLatency: true, clock });
     } catch (error) {
       stats.errors++;
@@ -563,6 +603,10 @@ export async function startEngine(options) {
     if (req.method === 'GET' && path === '/_sim/stats') {
       req.resume();
       return sendJson(res, 200, engine.stats());
+    }
+    if (req.method === 'GET' && path === '/_sim/request-stats') {
+      req.resume();
+      return sendJson(res, 200, engine.requestStats());
     }
     if (req.method === 'GET' && path === '/_sim/requests') {
       req.resume();
@@ -607,10 +651,12 @@ export async function startEngine(options) {
     running: true,
     stats: () => ({ id, role, ...structuredClone(stats), inflight, cacheBlocksUsed: cache.size, running: engine.running }),
     requests: () => [...log],
+    requestStats: () => Object.fromEntries(requestStats),
     reset() {
       cache.clear();
       stats = emptyStats();
       log = [];
+      requestStats = new Map();
       fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
     },
     setFault(f) {

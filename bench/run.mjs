@@ -1,0 +1,71 @@
+// `npm run bench -- <scenario> [options]`: the simulated-cluster benchmark (SPEC section 7).
+import { readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs, stringOption } from './lib/args.mjs';
+import { workerSource } from './lib/harness.mjs';
+import { svgPathFor, writeReport } from './lib/report.mjs';
+import { barChartSvg } from './lib/svg.mjs';
+
+const SCENARIOS = {
+  multiturn: () => import('./scenarios/multiturn.mjs').then((m) => m.runMultiturn),
+  trace: () => import('./scenarios/trace.mjs').then((m) => m.runTrace),
+  overhead: () => import('./scenarios/overhead.mjs').then((m) => m.runOverhead),
+  groups: () => import('./scenarios/groups.mjs').then((m) => m.runGroups),
+};
+
+const USAGE = `usage: npm run bench -- <scenario> [options]
+
+scenarios:
+  multiturn   2P+2D vllm, 60 conversations x 5 turns (8192 + 2048 tokens a turn, 128 out), concurrency 12
+  trace       --trace FILE --nodes N [--cache-blocks 5000] [--protocol colocated|vllm] [--limit K] [--concurrency 16]
+  overhead    router vs direct TTFB and throughput at concurrency 1,16,64; Worker memory with 1000 slow streams
+  groups      2 groups x (2P+2D), affinity; --policy lists pdGroup modes (off,prefer,strict)
+  chart       --json PATH: re-draw the SVG of an earlier run
+
+common options:
+  --policy a,b,...     round_robin,affinity,least_load,cache_aware (default: all)
+  --json PATH          write results as JSON, and an SVG chart beside it (default bench/out/<scenario>.json)
+  --time-scale X       real ms per simulated ms for the engines
+  --concurrency N
+multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
+trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
+overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N`;
+
+const { scenario, options } = parseArgs(process.argv.slice(2));
+if (scenario === 'chart') {
+  // re-draw the SVG of a JSON written earlier (it keeps its chart): `npm run bench -- chart --json PATH`
+  const jsonPath = stringOption(options, 'json');
+  if (!jsonPath) throw new Error('chart: --json PATH is required');
+  const report = JSON.parse(readFileSync(jsonPath, 'utf8'));
+  writeFileSync(svgPathFor(jsonPath), barChartSvg(report.chart));
+  console.log(`wrote ${svgPathFor(jsonPath)}`);
+  process.exit(0);
+}
+if (!scenario || options.help || !(scenario in SCENARIOS)) {
+  console.log(USAGE);
+  process.exit(scenario && !options.help ? 2 : 0);
+}
+
+const started = performance.now();
+try {
+  const run = await SCENARIOS[/** @type {keyof typeof SCENARIOS} */ (scenario)]();
+  const { report, table, chart } = await run(options);
+  const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+  const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
+  const seconds = Math.round((performance.now() - started) / 100) / 10;
+  const written = writeReport(jsonPath, { ...report, elapsedS: seconds, machine: machineNote(), finishedAt: new Date().toISOString(), worker: workerSource(), chart }, chart);
+  // the table as markdown beside the JSON, with the command that made it (RESULTS.md is built from these)
+  writeFileSync(jsonPath.replace(/\.json$/i, '') + '.md', `\`npm run bench -- ${process.argv.slice(2).join(' ')}\` (${seconds} s)\n\n${table}\n`);
+  console.log(table);
+  console.log(`\n${scenario}: ${seconds} s in all; wrote ${written.json} and ${written.svg}`);
+  process.exit(0);
+} catch (error) {
+  console.error(error instanceof Error ? error.stack ?? error.message : error);
+  process.exit(1);
+}
+
+function machineNote() {
+  return { node: process.version, platform: `${process.platform}-${process.arch}`, cpus: os.cpus().length, loadAverage: os.loadavg().map((x) => Math.round(x * 100) / 100) };
+}
