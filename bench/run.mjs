@@ -29,11 +29,15 @@ common options:
   --json PATH          write results as JSON, and an SVG chart beside it (default bench/out/<scenario>.json)
   --time-scale X       real ms per simulated ms for the engines
   --concurrency N
+  --runtime workerd|wrangler   workerd via Miniflare (default), or under \`wrangler dev\`
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N`;
 
 const { scenario, options } = parseArgs(process.argv.slice(2));
+// workerd (default): the Worker in workerd via Miniflare, measuring the router and not the dev
+// proxy in front of it; wrangler: under `wrangler dev`, as a developer runs it.
+process.env.BENCH_RUNTIME = stringOption(options, 'runtime') ?? process.env.BENCH_RUNTIME ?? 'workerd';
 if (scenario === 'chart') {
   // re-draw the SVG of a JSON written earlier (it keeps its chart): `npm run bench -- chart --json PATH`
   const jsonPath = stringOption(options, 'json');
@@ -55,7 +59,7 @@ try {
   const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
   const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
   const seconds = Math.round((performance.now() - started) / 100) / 10;
-  const written = writeReport(jsonPath, { ...report, elapsedS: seconds, machine: machineNote(), finishedAt: new Date().toISOString(), worker: workerSource(), chart }, chart);
+  const written = writeReport(jsonPath, { ...report, elapsedS: seconds, runtime: process.env.BENCH_RUNTIME, machine: machineNote(), finishedAt: new Date().toISOString(), worker: workerSource(), chart }, chart);
   // the table as markdown beside the JSON, with the command that made it (RESULTS.md is built from these)
   writeFileSync(jsonPath.replace(/\.json$/i, '') + '.md', `\`npm run bench -- ${process.argv.slice(2).join(' ')}\` (${seconds} s)\n\n${table}\n`);
   console.log(table);

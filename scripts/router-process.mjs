@@ -1,7 +1,7 @@
 // Runs the real Worker locally under `wrangler dev` (workerd), with the cluster document
 // seeded into the local KV, for the demo, the benchmark and end-to-end tests.
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -26,6 +26,8 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
  * @property {number} [inspectorPort] devtools port (set it when running several routers at once)
  * @property {number} [startTimeoutMs] how long to wait for GET /healthz 200, default 90000
  * @property {(line: string) => void} [onOutput] receives wrangler's output lines (default: kept, shown on failure)
+ * @property {'wrangler' | 'workerd'} [runtime] `wrangler` (default): `wrangler dev`, as a developer runs it;
+ *   `workerd`: the same Worker in workerd through Miniflare, without the dev proxy (scripts/workerd-router.mjs)
  */
 
 /**
@@ -49,15 +51,23 @@ export async function startRouter(options) {
   const configArgs = config ? ['--config', config] : [];
   const documentText = typeof clusterDocument === 'string' ? clusterDocument : JSON.stringify(clusterDocument);
 
-  const put = await run(WRANGLER.cmd, [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs], cwd);
-  if (put.code !== 0) throw new Error(`wrangler kv key put failed (exit ${put.code}):\n${put.output}`);
-
-  const args = [...WRANGLER.args, 'dev', '--ip', '127.0.0.1', '--port', String(port), '--persist-to', persistDir, '--show-interactive-dev-session=false', ...configArgs];
-  if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
-  for (const [key, value] of Object.entries(vars)) args.push('--var', `${key}:${value}`);
+  let command;
+  if (options.runtime === 'workerd') {
+    const documentFile = path.join(persistDir, 'nodes.json');
+    writeFileSync(documentFile, documentText);
+    const varArgs = Object.entries(vars).map(([key, value]) => `${key}=${value}`);
+    command = { cmd: process.execPath, args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs] };
+  } else {
+    const put = await run(WRANGLER.cmd, [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs], cwd);
+    if (put.code !== 0) throw new Error(`wrangler kv key put failed (exit ${put.code}):\n${put.output}`);
+    const args = [...WRANGLER.args, 'dev', '--ip', '127.0.0.1', '--port', String(port), '--persist-to', persistDir, '--show-interactive-dev-session=false', ...configArgs];
+    if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
+    for (const [key, value] of Object.entries(vars)) args.push('--var', `${key}:${value}`);
+    command = { cmd: WRANGLER.cmd, args };
+  }
 
   // its own process group, so stop() can take wrangler, esbuild and workerd down together
-  const child = spawn(WRANGLER.cmd, args, { cwd, env: CHILD_ENV, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(command.cmd, command.args, { cwd, env: CHILD_ENV, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   const pid = /** @type {number} */ (child.pid);
   /** @type {string[]} */
   const lines = [];
@@ -97,14 +107,16 @@ export async function startRouter(options) {
     try {
       const res = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2000) });
       await res.arrayBuffer();
-      if (res.status === 200) return { url, pid, output: () => lines.join('\n'), stop };
+      // workerd-router.mjs seeds the KV once workerd listens: its "ready" line says it is done
+      const seeded = options.runtime !== 'workerd' || lines.some((l) => l.startsWith('ready on '));
+      if (res.status === 200 && seeded) return { url, pid, output: () => lines.join('\n'), stop };
     } catch {
       // not listening yet
     }
     await sleep(250);
   }
   await stop();
-  throw new Error(`wrangler dev did not answer GET /healthz 200 at ${url} ${exited ? '(it exited)' : `within ${startTimeoutMs} ms`}:\n${lines.slice(-60).join('\n')}`);
+  throw new Error(`the router (${options.runtime ?? 'wrangler'}) did not answer GET /healthz 200 at ${url} ${exited ? '(it exited)' : `within ${startTimeoutMs} ms`}:\n${lines.slice(-60).join('\n')}`);
 }
 
 /** @param {number} pid @param {NodeJS.Signals} signal */

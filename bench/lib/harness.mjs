@@ -118,7 +118,8 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
   try {
     if (withRouter) {
       const document = clusterDocument?.(cluster.engines) ?? defaultDocument(cluster.engines);
-      router = await startRouter({ cwd: workerSnapshot(), port: await freePort(), inspectorPort: await freePort(), persistDir, clusterDocument: document, vars, onOutput: routerLog() });
+      const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
+      router = await startRouter({ runtime, cwd: workerSnapshot(), port: await freePort(), inspectorPort: await freePort(), persistDir, clusterDocument: document, vars, onOutput: routerLog() });
     }
   } catch (error) {
     await close();

@@ -169,6 +169,9 @@ export async function runOverhead(options) {
 /** `worker` for the workerd running the user Worker (it has the inspector), else `proxy`. @param {number} pid */
 function workerdRole(pid) {
   try {
+    // under wrangler dev the user Worker's workerd is the one with the inspector; Miniflare
+    // (--runtime workerd) runs one workerd with no inspector and no dev proxy: the Worker's
+    if (process.env.BENCH_RUNTIME !== 'wrangler') return 'worker';
     return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--inspector-addr') ? 'worker' : 'proxy';
   } catch {
     return 'unknown';
