@@ -1,6 +1,6 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, type NodeSpec } from "./helpers";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, P3, D3, type NodeSpec } from "./helpers";
 
 // Issue 3 through the real Worker: affinity keys, rendezvous placement, bounded load, pdGroup
 // modes and lease release, against the simulated engines of test/global-setup.ts.
@@ -13,16 +13,6 @@ const SYSTEM_PROMPT =
   "cite the runbook section you rely on, never invent a command, and ask for the request id when a " +
   "user reports an error. ".repeat(12);
 
-const P3: NodeSpec[] = [
-  { id: "p0", role: "prefill" },
-  { id: "p1", role: "prefill" },
-  { id: "p2", role: "prefill" },
-];
-const D3: NodeSpec[] = [
-  { id: "d0", role: "decode" },
-  { id: "d1", role: "decode" },
-  { id: "d2", role: "decode" },
-];
 const affinity = { prefill: "affinity", decode: "affinity" };
 
 type Placement = { status: number; p: string | null; d: string | null };

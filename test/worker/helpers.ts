@@ -76,3 +76,19 @@ export async function resetClusterState() {
     instance.cluster = null;
   });
 }
+
+/** Waits until the engine has seen its client (the router) go away, and returns its stats. */
+export async function engineSawAbort(id: string, timeoutMs = 3000): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  let stats: any;
+  do {
+    stats = await control(`/engines/${id}/stats`);
+    if (stats.clientAborts >= 1) return stats;
+    await new Promise((r) => setTimeout(r, 50));
+  } while (Date.now() < deadline);
+  throw new Error(`engine ${id} saw no client abort within ${timeoutMs} ms: ${JSON.stringify(stats)}`);
+}
+
+/** Three prefill and three decode engines of the test cluster. */
+export const P3: NodeSpec[] = ["p0", "p1", "p2"].map((id) => ({ id, role: "prefill" }));
+export const D3: NodeSpec[] = ["d0", "d1", "d2"].map((id) => ({ id, role: "decode" }));

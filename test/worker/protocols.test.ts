@@ -1,6 +1,6 @@
 import { env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim } from "./helpers";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, engineSawAbort } from "./helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 
@@ -60,14 +60,7 @@ describe("sglang: a failed leg aborts its partner", () => {
     const res = await post("/v1/chat/completions", chat("x", { stream: true }));
     expect(res.status).toBe(502);
     expect(((await res.json()) as any).error.message).toContain("p0");
-    const deadline = Date.now() + 3000;
-    let stats: any;
-    do {
-      stats = await control("/engines/d0/stats");
-      if (stats.clientAborts >= 1) break;
-      await new Promise((r) => setTimeout(r, 50));
-    } while (Date.now() < deadline);
-    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+    await engineSawAbort("d0");
     await expectNoLoad();
   });
 

@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, type NodeSpec } from "./helpers";
+import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, P3, D3, type NodeSpec } from "./helpers";
 
 // POST /v1/route (SPEC 3, issue 3 item 6): the decision a body would get, explained, with nothing
 // forwarded and no lease taken.
@@ -7,16 +7,6 @@ import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapsh
 const RUN = crypto.randomUUID().slice(0, 8);
 const ENGINES = ["p0", "p1", "p2", "d0", "d1", "d2", "c0", "c1"];
 
-const P3: NodeSpec[] = [
-  { id: "p0", role: "prefill" },
-  { id: "p1", role: "prefill" },
-  { id: "p2", role: "prefill" },
-];
-const D3: NodeSpec[] = [
-  { id: "d0", role: "decode" },
-  { id: "d1", role: "decode" },
-  { id: "d2", role: "decode" },
-];
 const affinity = { prefill: "affinity", decode: "affinity" };
 
 /** A prompt nobody else sends, so the test can look for any trace of it in the answer. */

@@ -1,6 +1,6 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, resetSim } from "./helpers";
+import { chat, control, expectNoLoad, fault, post, putCluster, resetSim, engineSawAbort } from "./helpers";
 
 const slowCluster = {
   protocol: "vllm",
@@ -55,14 +55,7 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     await reader.cancel().catch(() => undefined);
     await expectNoLoad();
     // The engine saw its client (the router) go away long before 400 tokens (~6 s).
-    const deadline = Date.now() + 3000;
-    let stats: any;
-    do {
-      stats = await control("/engines/slow/stats");
-      if (stats.clientAborts >= 1) break;
-      await new Promise((r) => setTimeout(r, 50));
-    } while (Date.now() < deadline);
-    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+    const stats = await engineSawAbort("slow");
     expect(stats.inflight).toBe(0);
   });
 
@@ -82,14 +75,7 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     controller.abort();
     await expect(pending).rejects.toThrow();
     await expectNoLoad();
-    let stats: any;
-    const until = Date.now() + 3000;
-    do {
-      stats = await control("/engines/slow/stats");
-      if (stats.clientAborts >= 1) break;
-      await new Promise((r) => setTimeout(r, 50));
-    } while (Date.now() < until);
-    expect(stats.clientAborts).toBeGreaterThanOrEqual(1);
+    await engineSawAbort("slow");
   });
 
   it("a decode node dying mid-stream ends the stream with an error event, never [DONE]", async () => {
