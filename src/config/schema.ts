@@ -78,14 +78,25 @@ export const ClusterDocumentSchema = z
     health: HealthSchema.default({}),
     nodes: z.array(NodeSchema).min(1, "must list at least one node"),
   })
-  .strict()
-  .superRefine((doc, ctx) => {
-    const seen = new Set<string>();
-    doc.nodes.forEach((node, i) => {
-      if (seen.has(node.id)) ctx.addIssue({ code: z.ZodIssueCode.custom, path: ["nodes", i, "id"], message: `duplicate node id "${node.id}"` });
-      seen.add(node.id);
-    });
+  .strict();
+
+/**
+ * Duplicate node ids, checked on the raw value so they are reported together with every other
+ * problem (a zod refinement would only run once the rest of the document is valid).
+ */
+function duplicateIds(value: unknown): Problem[] {
+  const nodes = (value as { nodes?: unknown } | null)?.nodes;
+  if (!Array.isArray(nodes)) return [];
+  const seen = new Set<string>();
+  const problems: Problem[] = [];
+  nodes.forEach((node, i) => {
+    const id = (node as { id?: unknown } | null)?.id;
+    if (typeof id !== "string") return;
+    if (seen.has(id)) problems.push({ path: `nodes[${i}].id`, message: `duplicate node id "${id}"` });
+    seen.add(id);
   });
+  return problems;
+}
 
 type ParsedDocument = z.output<typeof ClusterDocumentSchema>;
 export type NodeConfig = z.output<typeof NodeSchema>;
@@ -126,8 +137,10 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
     }
   }
   const parsed = ClusterDocumentSchema.safeParse(value);
-  if (!parsed.success) {
-    return { ok: false, problems: parsed.error.issues.map((issue) => ({ path: renderPath(issue.path), message: issue.message })) };
+  const duplicates = duplicateIds(value);
+  if (!parsed.success || duplicates.length > 0) {
+    const issues = parsed.success ? [] : parsed.error.issues.map((issue) => ({ path: renderPath(issue.path), message: issue.message }));
+    return { ok: false, problems: [...issues, ...duplicates] };
   }
   const doc = parsed.data;
   const defaultProtocol = PROTOCOLS.find((p) => p === defaults.protocol) ?? "vllm";

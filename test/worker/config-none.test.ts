@@ -44,6 +44,8 @@ describe("cluster document schema", () => {
     expect(problemsOf({ nodes: [{ ...node, role: "encode" }] })).toEqual(["nodes[0].role"]);
     expect(problemsOf({ nodes: [{ ...node, weight: 0 }] })).toEqual(["nodes[0].weight"]);
     expect(problemsOf({ nodes: [node, node] })).toEqual(["nodes[1].id"]);
+    // reported together with the other problems, not only once the rest is valid
+    expect(problemsOf({ nodes: [node, { ...node, role: "encode" }] })).toEqual(["nodes[1].role", "nodes[1].id"]);
     expect(problemsOf({ nodes: [node], timeouts: { prefillMs: 600001 } })).toEqual(["timeouts.prefillMs"]);
     expect(problemsOf({ nodes: [node], health: { intervalMs: 1.5 } })).toEqual(["health.intervalMs"]);
     expect(problemsOf({ nodes: [node], policy: { prefill: "random" } })).toEqual(["policy.prefill"]);
