@@ -32,7 +32,8 @@ common options:
   --runtime workerd|wrangler   workerd via Miniflare (default), or under \`wrangler dev\`
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
-overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N`;
+overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
+            --decision-prompt-chars 120000 --decision-requests 200 --no-decision`;
 
 const { scenario, options } = parseArgs(process.argv.slice(2));
 // workerd (default): the Worker in workerd via Miniflare, measuring the router and not the dev

@@ -136,6 +136,11 @@ export async function runOverhead(options) {
     }
   }
 
+  const decision = options['no-decision'] || options['memory-only'] ? undefined : await measureDecisionCost({
+    promptChars: numberOption(options, 'decision-prompt-chars', 120000),
+    requests: numberOption(options, 'decision-requests', 200),
+  });
+
   const memory = options['no-memory'] ? undefined : await measureStreamMemory({
     policy: policies[0],
     streams: numberOption(options, 'streams', 1000),
@@ -146,6 +151,12 @@ export async function runOverhead(options) {
   let table = markdownTable(['policy', 'conc.', 'direct p50 ms', 'router p50 ms', 'added p50 ms', 'direct p99 ms', 'router p99 ms', 'added p99 ms', 'direct req/s', 'router req/s', 'errors (retried)'], rows);
   const targets = results.map((r) => ({ policy: r.policy, p50: r.addedTtfbP50MsAt16, p99: r.addedTtfbP99MsAt16, met: (r.addedTtfbP50MsAt16 ?? Infinity) <= 1 && (r.addedTtfbP99MsAt16 ?? Infinity) <= 5 }));
   table += '\n\n' + markdownTable(['target at concurrency 16: added TTFB p50 <= 1 ms, p99 <= 5 ms', 'added p50 ms', 'added p99 ms', 'met'], targets.map((t) => [t.policy, t.p50, t.p99, t.met ? 'yes' : 'NO']));
+  if (decision) {
+    table += '\n\n' + markdownTable(
+      [`decision cost, ${decision.promptChars}-character prompt, concurrency 1`, 'TTFB p50 ms', 'TTFB p90 ms', 'added by cache_aware p50 ms', 'target <= 1 ms'],
+      decision.rows.map((r) => [r.policy, r.ttfbP50Ms, r.ttfbP90Ms, r.policy === 'cache_aware' ? decision.addedP50Ms : '', r.policy === 'cache_aware' ? (decision.addedP50Ms <= 1 ? 'yes' : 'NO') : '']),
+    );
+  }
   if (memory) {
     table += '\n\n' + markdownTable(
       ['streams open (of asked)', 'workerd RSS before KB (worker+proxy)', 'peak KB', 'growth KB', 'KB per stream (both / user Worker)', 'target < 50 KB', 'upstream legs still open after the clients left'],
@@ -153,7 +164,7 @@ export async function runOverhead(options) {
     );
   }
   return {
-    report: { scenario: 'overhead', config: { levels, promptChars, outputTokens, rounds }, results, memory, targets },
+    report: { scenario: 'overhead', config: { levels, promptChars, outputTokens, rounds }, results, decision, memory, targets },
     table,
     chart: {
       title: 'overhead: router added TTFB (ms) and throughput vs direct two legs',
@@ -164,6 +175,41 @@ export async function runOverhead(options) {
       ]).concat([{ name: 'router/direct req/s @16', values: results.map((r) => { const l = r.levels.find((x) => x.concurrency === 16); return l ? l.routerReqPerS / l.directReqPerS : NaN; }) }]),
     },
   };
+}
+
+/**
+ * What cache_aware's pick costs: chained SHA-256 of every prefix block in the Worker plus the
+ * index lookup in the Durable Object. Same long prompts, one at a time, to two colocated nodes
+ * under round_robin and under cache_aware; the difference of TTFB p50 is the decision's cost.
+ * @param {{ promptChars: number, requests: number }} o
+ */
+async function measureDecisionCost({ promptChars, requests }) {
+  const rows = [];
+  for (const policy of ['round_robin', 'cache_aware']) {
+    const stack = await startStack({
+      engines: [{ id: 'c0', role: 'both', timeScale: 0 }, { id: 'c1', role: 'both', timeScale: 0 }],
+      clusterDocument: (engines) => ({ protocol: 'colocated', policy: policyFor(policy), nodes: [...engines.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })) }),
+    });
+    try {
+      const agent = createAgent(4);
+      /** @type {number[]} */
+      const ttfb = [];
+      const warmup = 20;
+      for (let i = 0; i < requests + warmup; i++) {
+        const prompt = `conversation ${i} `.padEnd(promptChars, 'lorem ipsum dolor sit amet ');
+        let firstByteAt = NaN;
+        const started = performance.now();
+        await postJsonRetrying(`${stack.router.url}/v1/completions`, { model: 'sim-model', prompt, max_tokens: 1 }, { agent, onFirstByte: () => (firstByteAt = performance.now()) });
+        if (i >= warmup) ttfb.push(firstByteAt - started);
+      }
+      rows.push({ policy, ttfbP50Ms: round(percentile(ttfb, 50), 2), ttfbP90Ms: round(percentile(ttfb, 90), 2) });
+    } finally {
+      await stack.close();
+    }
+  }
+  const addedP50Ms = round(rows[1].ttfbP50Ms - rows[0].ttfbP50Ms, 2);
+  process.stderr.write(`overhead decision cost: cache_aware adds ${addedP50Ms} ms p50 for a ${promptChars}-character prompt\n`);
+  return { promptChars, requests, rows, addedP50Ms };
 }
 
 /** `worker` for the workerd running the user Worker (it has the inspector), else `proxy`. @param {number} pid */
