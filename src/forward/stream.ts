@@ -8,14 +8,14 @@ export interface ObserveOptions {
   /** rewrites one complete line (SSE `data:` line); only when set is the text decoded at all */
   rewriteLine?: ((line: string) => string) | undefined;
   /** called once, when the body ended, failed, or the client went away */
-  onEnd(end: StreamEnd, firstByteAt: number | null): void;
+  onEnd(end: StreamEnd): void;
   /** aborts the upstream fetch when the client cancels */
   abortUpstream(reason: string): void;
 }
 
 /**
- * Passes D's body through chunk by chunk and watches it: first byte, end, failure, client
- * gone. The pump awaits each write, so nothing is buffered beyond the chunk in hand (or a
+ * Passes D's body through chunk by chunk and watches how it ends: completed, failed, or the
+ * client gone. The pump awaits each write, so nothing is buffered beyond the chunk in hand (or a
  * partial line while rewriting). Returns the client's body and the pump, for waitUntil.
  */
 export function observeStream(body: ReadableStream<Uint8Array>, opts: ObserveOptions): { body: ReadableStream<Uint8Array>; done: Promise<void> } {
@@ -25,7 +25,6 @@ export function observeStream(body: ReadableStream<Uint8Array>, opts: ObserveOpt
   const encoder = new TextEncoder();
   const decoder = opts.rewriteLine ? new TextDecoder() : null;
   let partial = "";
-  let firstByteAt: number | null = null;
   const rewrite = (text: string, final: boolean): string => {
     const lines = (partial + text).split("\n");
     partial = final ? "" : (lines.pop() ?? "");
@@ -62,7 +61,6 @@ export function observeStream(body: ReadableStream<Uint8Array>, opts: ObserveOpt
           await writer.close();
           return { outcome: "ok" };
         }
-        firstByteAt ??= Date.now();
         if (!decoder) await writer.write(chunk.value);
         else {
           const out = rewrite(decoder.decode(chunk.value, { stream: true }), false);
@@ -74,7 +72,7 @@ export function observeStream(body: ReadableStream<Uint8Array>, opts: ObserveOpt
       }
     }
   };
-  const done = pump().then((end) => opts.onEnd(end, firstByteAt));
+  const done = pump().then((end) => opts.onEnd(end));
   return { body: readable, done };
 }
 
