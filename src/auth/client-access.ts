@@ -2,6 +2,7 @@ import type { MiddlewareHandler } from "hono";
 import { clusterState } from "../config/runtime";
 import type { Env } from "../env";
 import { RouterError } from "../errors";
+import { background } from "../observability/log";
 import { bearerToken, secret, unauthorized } from "./bearer";
 import { keyLabel, matchesAny } from "./digest";
 
@@ -14,16 +15,6 @@ export function apiKeys(env: Env): string[] {
 export interface ClientAccessOptions {
   /** seconds a limited client is told to wait (the binding's period); default from RATE_LIMIT_PERIOD_S or 60 */
   retryAfterSeconds?: number;
-}
-
-/** Runs a background promise past the response when the runtime gives us an execution context. */
-export function background(c: { executionCtx: { waitUntil(promise: Promise<unknown>): void } }, promise: Promise<unknown>): void {
-  const guarded = promise.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", error: String(err) })));
-  try {
-    c.executionCtx.waitUntil(guarded);
-  } catch {
-    // no execution context (app.request in unit tests): the promise still runs
-  }
 }
 
 /**

@@ -26,3 +26,21 @@ export function logRequest(entry: RequestLog): void {
   const clean = Object.fromEntries(Object.entries(entry).filter(([, v]) => v !== undefined));
   console.log(JSON.stringify({ event: "request", ...clean }));
 }
+
+/**
+ * Runs a Durable Object call (or any promise) past the response with waitUntil, logging a
+ * failure instead of letting it reject unseen. Without an execution context (app.request in
+ * unit tests) the promise still runs.
+ */
+export function background(
+  c: { executionCtx: { waitUntil(promise: Promise<unknown>): void } },
+  promise: Promise<unknown>,
+  requestId?: string,
+): void {
+  const guarded = promise.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", requestId, error: String(err) })));
+  try {
+    c.executionCtx.waitUntil(guarded);
+  } catch {
+    // no execution context: nothing to extend
+  }
+}

@@ -1,11 +1,10 @@
 import type { Context } from "hono";
-import { background } from "../auth/client-access";
 import type { ConfigSnapshot } from "../config/load";
 import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import type { RouterError } from "../errors";
 import type { ClusterSnapshot, KeyCount } from "../state/types";
-import { logRequest } from "./log";
+import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
 
 /** What /metrics is built from: the Durable Object's shared state plus the isolate's view of the document. */

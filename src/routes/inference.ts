@@ -13,7 +13,7 @@ import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import type { FinishReport, LegReport, RouteRequest } from "../state/types";
-import { logRequest } from "../observability/log";
+import { background, logRequest } from "../observability/log";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
@@ -30,6 +30,8 @@ export async function buildRouteRequest(
   c: Ctx,
   kind: RequestKind,
   body: InferenceRequest,
+  /** characters of the body as sent: the lease's token estimate (about 4 a token) */
+  bodyChars: number,
   dryRun: boolean,
 ): Promise<{ config: ClusterConfig; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
   const snapshot = await currentConfig(c.env);
@@ -44,8 +46,8 @@ export async function buildRouteRequest(
   const keyed = KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode);
   const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
   const cacheAware = policy.prefill === "cache_aware" || policy.decode === "cache_aware";
-  const promptText = canonicalPromptText(body, kind);
-  const prefixHashes = cacheAware ? await prefixBlockHashes(promptText, policy.cacheAware.blockChars) : [];
+  // Only cache_aware needs the prompt rendered as one string; the rest of the policies never pay for it.
+  const prefixHashes = cacheAware ? await prefixBlockHashes(canonicalPromptText(body, kind), policy.cacheAware.blockChars) : [];
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
   return {
     config,
@@ -56,7 +58,7 @@ export async function buildRouteRequest(
       model,
       key: key?.hash ?? null,
       prefixHashes,
-      tokens: Math.ceil(promptText.length / 4),
+      tokens: Math.ceil(bodyChars / 4),
       dryRun,
     },
   };
@@ -114,10 +116,10 @@ export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Respo
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseInferenceRequest(raw, kind);
-  const { config, request, keySource } = await buildRouteRequest(c, kind, body, false);
+  const { config, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false);
   const state = clusterState(c.env);
   const path = new URL(c.req.url).pathname;
-  const waitUntil = (p: Promise<unknown>) => c.executionCtx.waitUntil(p.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", requestId, error: String(err) }))));
+  const waitUntil = (p: Promise<unknown>) => background(c, p, requestId);
   // The lease id is ours, so a client that leaves while any await below is pending (workerd
   // may then never resume this handler) still gets its lease released, exactly once.
   const leaseId = crypto.randomUUID();
@@ -267,7 +269,7 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   // The body is the one the client would send: chat when it has top-level messages.
   const kind = requestKindOf(raw);
   const body = parseInferenceRequest(raw, kind);
-  const { config, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, true);
+  const { config, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env);
   const [routed, snapshot] = await Promise.all([state.route(request), state.snapshot()]);
   if (!routed.ok) throw selectionFailure(routed.error);
