@@ -7,7 +7,7 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
 
 /**
  * @typedef {'prefill' | 'decode' | 'both'} EngineRole
- * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow'} FaultMode
+ * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow' | 'eos'} FaultMode
  * @typedef {{ mode?: FaultMode, count?: number, delayMs?: number, afterChunks?: number, health?: boolean }} Fault
  * @typedef {'vllmPrefill' | 'vllmDecode' | 'sglangPrefill' | 'sglangDecode' | 'colocated'} LegKind
  *
@@ -436,6 +436,10 @@ export async function startEngine(options) {
         case 'midstream':
           ctx.destroyAfterChunks = fault.afterChunks;
           break;
+        case 'eos':
+          // a vllm prefill that stopped on EOS: answered, but without kv_transfer_params
+          ctx.omitKvTransferParams = true;
+          break;
       }
     }
 
@@ -535,7 +539,7 @@ export async function startEngine(options) {
           model: ctx.model,
           choices: [chatOut ? { index: 0, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' } : { index: 0, text: word, logprobs: null, finish_reason: 'length' }],
           usage: usageOf(tokens, 1, p.cachedTokens),
-          kv_transfer_params: {
+          kv_transfer_params: ctx.omitKvTransferParams ? undefined : {
             do_remote_prefill: true,
             do_remote_decode: false,
             remote_engine_id: id,

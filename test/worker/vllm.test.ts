@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, expectNoLoad, post, putCluster, received, resetSim } from "./helpers";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetSim } from "./helpers";
 
 const cluster = {
   protocol: "vllm",
@@ -74,6 +74,17 @@ describe("vllm protocol: P then D with kv_transfer_params", () => {
     expect(json.object).toBe("chat.completion");
     // P served the second prefill from its prefix cache; D received the KV and computed nothing itself.
     expect(json.usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(0);
+    await expectNoLoad();
+  });
+
+  it("still forwards to D when P stopped on EOS and sent no kv_transfer_params (D prefills itself)", async () => {
+    await fault("p0", { mode: "eos", count: 1 });
+    const res = await post("/v1/chat/completions", chat("short", { stream: true }));
+    expect(res.status).toBe(200);
+    expect(await res.text()).toContain("[DONE]");
+    const [d] = await received("d0");
+    expect(JSON.parse(d!.body)).not.toHaveProperty("kv_transfer_params");
+    expect((await control("/engines/d0/stats")).selfPrefills).toBe(1);
     await expectNoLoad();
   });
 });
