@@ -30,6 +30,7 @@ common options:
   --time-scale X       real ms per simulated ms for the engines
   --concurrency N
   --runtime workerd|wrangler   workerd via Miniflare (default), or under \`wrangler dev\`
+  --src COMMIT         build the Worker from a commit (e.g. HEAD) instead of the working tree
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
@@ -39,6 +40,9 @@ const { scenario, options } = parseArgs(process.argv.slice(2));
 // workerd (default): the Worker in workerd via Miniflare, measuring the router and not the dev
 // proxy in front of it; wrangler: under `wrangler dev`, as a developer runs it.
 process.env.BENCH_RUNTIME = stringOption(options, 'runtime') ?? process.env.BENCH_RUNTIME ?? 'workerd';
+// --src HEAD (or any commit): measure the Worker as committed, not the working tree
+const src = stringOption(options, 'src');
+if (src) process.env.BENCH_SRC = src;
 if (scenario === 'chart') {
   // re-draw the SVG of a JSON written earlier (it keeps its chart): `npm run bench -- chart --json PATH`
   const jsonPath = stringOption(options, 'json');

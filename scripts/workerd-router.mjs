@@ -3,16 +3,32 @@
 // router itself. Started as a child process (its own process group, like `wrangler dev`) so
 // the benchmark can find and measure the workerd it spawns.
 //
-//   node scripts/workerd-router.mjs <port> <persistDir> <cwd> <documentFile> [KEY=VALUE ...]
+//   node scripts/workerd-router.mjs <port> <persistDir> <cwd> <documentFile> [KEY=VALUE ...] [flags]
+//
+// flags (the benchmark's other Workers run the same way, so they are measured alike):
+//   --entry PATH            the Worker's entry point (default <cwd>/src/index.ts)
+//   --bare                  no KV and no Durable Object: a plain Worker (documentFile is ignored, pass -)
+//   --inspector-port N      workerd's V8 inspector on 127.0.0.1:N (CPU profiles; bench/profile.mjs)
 import { build } from 'esbuild';
 import { readFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import { Miniflare } from 'miniflare';
 
-const [port, persistDir, cwd, documentFile, ...varArgs] = process.argv.slice(2);
+const positional = [];
+/** @type {Record<string, string | true>} */
+const flags = {};
+const argv = process.argv.slice(2);
+for (let i = 0; i < argv.length; i++) {
+  const arg = argv[i];
+  if (!arg.startsWith('--')) positional.push(arg);
+  else if (arg === '--bare') flags.bare = true;
+  else flags[arg.slice(2)] = argv[++i];
+}
+const [port, persistDir, cwd, documentFile, ...varArgs] = positional;
 const root = path.resolve(cwd ?? '.');
 const outdir = path.join(persistDir, 'bundle');
 mkdirSync(outdir, { recursive: true });
+const bare = flags.bare === true;
 
 // The settings of wrangler.toml (kept in step with it by hand: one KV, one SQLite Durable Object).
 const toml = readFileSync(path.join(root, 'wrangler.toml'), 'utf8');
@@ -20,7 +36,7 @@ const compatibilityDate = /compatibility_date\s*=\s*"([^"]+)"/.exec(toml)?.[1] ?
 const compatibilityFlags = JSON.parse(/compatibility_flags\s*=\s*(\[[^\]]*\])/.exec(toml)?.[1] ?? '[]');
 
 await build({
-  entryPoints: [path.join(root, 'src/index.ts')],
+  entryPoints: [typeof flags.entry === 'string' ? path.resolve(flags.entry) : path.join(root, 'src/index.ts')],
   bundle: true,
   format: 'esm',
   platform: 'neutral',
@@ -40,14 +56,19 @@ const mf = new Miniflare({
   compatibilityFlags,
   host: '127.0.0.1',
   port: Number(port),
-  kvNamespaces: ['NODES'],
-  durableObjects: { CLUSTER_STATE: { className: 'ClusterState', useSQLite: true } },
-  kvPersist: path.join(persistDir, 'kv'),
-  durableObjectsPersist: path.join(persistDir, 'do'),
+  ...(typeof flags['inspector-port'] === 'string' ? { inspectorPort: Number(flags['inspector-port']) } : {}),
+  ...(bare
+    ? {}
+    : {
+        kvNamespaces: ['NODES'],
+        durableObjects: { CLUSTER_STATE: { className: 'ClusterState', useSQLite: true } },
+        kvPersist: path.join(persistDir, 'kv'),
+        durableObjectsPersist: path.join(persistDir, 'do'),
+      }),
   bindings,
 });
 const url = await mf.ready;
-await (await mf.getKVNamespace('NODES')).put('nodes', readFileSync(documentFile, 'utf8'));
+if (!bare) await (await mf.getKVNamespace('NODES')).put('nodes', readFileSync(documentFile, 'utf8'));
 console.log(`ready on ${url.origin}`);
 
 const stop = async () => {

@@ -25,6 +25,15 @@ async function shutdown(/** @type {string} */ signal) {
 process.on('SIGINT', () => void shutdown('SIGINT'));
 process.on('SIGTERM', () => void shutdown('SIGTERM'));
 
+/**
+ * Runs `cleanup` on Ctrl-C / SIGTERM (processes started outside startStack); returns the unregister.
+ * @param {() => Promise<void>} cleanup
+ */
+export function onShutdown(cleanup) {
+  cleanups.add(cleanup);
+  return () => cleanups.delete(cleanup);
+}
+
 /** @type {string | undefined} */
 let snapshotDir;
 /** @type {Record<string, unknown> | undefined} */
@@ -51,16 +60,24 @@ export function workerSource() {
  * the Worker whenever a watched file changes ("Your worker restarted mid-request"), and other
  * people edit src/ while a benchmark runs; a snapshot keeps every policy on the same code.
  */
-function workerSnapshot() {
+export function workerSnapshot() {
   if (snapshotDir) return snapshotDir;
   const dir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-worker-'));
-  for (const name of ['src', 'wrangler.toml', 'package.json', 'tsconfig.json']) {
+  // BENCH_SRC=<commit> (run.mjs --src): the Worker as committed there, not the working tree that
+  // others may be half-way through editing
+  const commit = process.env.BENCH_SRC && process.env.BENCH_SRC !== 'worktree' ? process.env.BENCH_SRC : undefined;
+  if (commit) {
+    const archive = execFileSync('git', ['archive', '--format=tar', commit, 'src', 'wrangler.toml', 'package.json', 'tsconfig.json'], { cwd: REPO_ROOT, maxBuffer: 256 * 1024 * 1024 });
+    execFileSync('tar', ['-x', '-C', dir], { input: archive });
+  }
+  // bench/do-capacity-worker imports ../../src: it is built against the same copy
+  for (const name of [...(commit ? [] : ['src', 'wrangler.toml', 'package.json', 'tsconfig.json']), 'bench/do-capacity-worker']) {
     const from = path.join(REPO_ROOT, name);
     if (existsSync(from)) cpSync(from, path.join(dir, name), { recursive: true });
   }
   symlinkSync(path.join(REPO_ROOT, 'node_modules'), path.join(dir, 'node_modules'), 'dir');
   snapshotDir = dir;
-  snapshotInfo = { takenAt: new Date().toISOString(), ...gitState() };
+  snapshotInfo = { takenAt: new Date().toISOString(), ...(commit ? { commit: execFileSync('git', ['rev-parse', '--short', commit], { cwd: REPO_ROOT, encoding: 'utf8' }).trim() } : gitState()) };
   process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
   return dir;
 }

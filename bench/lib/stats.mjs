@@ -34,3 +34,28 @@ export function round(x, digits = 3) {
   const f = 10 ** digits;
   return Math.round(x * f) / f;
 }
+
+/**
+ * a / b rounded, NaN when either is not a finite number or b is 0 (a ratio "vs baseline").
+ * @param {number} a @param {number} b @param {number} [digits]
+ */
+export function ratio(a, b, digits = 2) {
+  if (!Number.isFinite(a) || !Number.isFinite(b) || b === 0) return NaN;
+  return round(a / b, digits);
+}
+
+/**
+ * Milliseconds after `start` at which a falling count first reached each threshold, from
+ * samples [{ atMs, value }] (e.g. upstream legs still open, polled after the clients left).
+ * @param {{ atMs: number, value: number }[]} samples in time order
+ * @param {number} start
+ * @returns {{ halfMs: number, allMs: number }} NaN when never reached
+ */
+export function drainTimes(samples, start) {
+  const initial = samples.length ? Math.max(...samples.map((s) => s.value)) : 0;
+  const when = (/** @type {(v: number) => boolean} */ test) => {
+    const hit = samples.find((s) => test(s.value));
+    return hit ? round(hit.atMs - start, 0) : NaN;
+  };
+  return { halfMs: when((v) => v <= initial / 2), allMs: when((v) => v === 0) };
+}

@@ -1,14 +1,24 @@
-// `overhead`: what the router adds. The client calls the same engines directly with the same two
-// vllm legs (SPEC 4), and through the router, alternating in the same run; then the Worker's
-// memory with many slow streams open at once.
-import { readFileSync } from 'node:fs';
+// `overhead`: what the router adds (issue 12). In the same run and alternating round by round:
+// the client calls the engines directly with the same two vllm legs (SPEC 4), through a minimal
+// pass-through Worker (bench/baseline-worker: two plain fetch legs, no state), and through the
+// router, each Worker in its own workerd (through Miniflare) so its CPU time is its own. Then
+// cache_aware's decision cost on a long prompt, and memory per open stream and how soon the
+// upstream legs close after the clients leave, for the baseline and each policy.
+import { appendFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { setMaxListeners } from 'node:events';
 import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startSimCluster } from '../../sim/cluster.mjs';
 import { listOption, numberOption } from '../lib/args.mjs';
-import { policyFor, processGroupMembers, rssKb, startStack } from '../lib/harness.mjs';
+import { countKinds, failureKind } from '../lib/failures.mjs';
+import { freePort, onShutdown, policyFor, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { createAgent, postJson, postJsonRetrying, runPool } from '../lib/http-client.mjs';
-import { markdownTable } from '../lib/report.mjs';
-import { percentile, round } from '../lib/stats.mjs';
+import { cpuMeter, groupRssKb } from '../lib/proc.mjs';
+import { formatNumber, markdownTable } from '../lib/report.mjs';
+import { drainTimes, percentile, ratio, round } from '../lib/stats.mjs';
+import { startWorkerd } from '../lib/workerd.mjs';
 
 const ENGINES = [
   { id: 'p0', role: /** @type {const} */ ('prefill') },
@@ -49,6 +59,96 @@ export async function directTwoLegs({ p, d, body, requestId, agent }) {
   return { ...dr, ttfbMs: firstByteAt - started, totalMs: performance.now() - started };
 }
 
+const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+const BASELINE_ENTRY = path.join(REPO_ROOT, 'bench', 'baseline-worker', 'index.js');
+
+/**
+ * @typedef {{ url: string, pid: number, stop: () => Promise<void> }} Proxy
+ * @typedef {'baseline' | string} Target `baseline` (bench/baseline-worker) or a router policy
+ */
+
+/**
+ * The pass-through baseline Worker, or the router with one policy, in workerd through Miniflare
+ * (the same launcher for both, so both are measured alike).
+ * @param {Target} target
+ * @param {Map<string, { id: string, url: string, role: string }>} engines
+ * @param {Record<string, string>} [vars] router only
+ * @returns {Promise<Proxy>}
+ */
+export async function startProxy(target, engines, vars = {}) {
+  const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-proxy-'));
+  const list = [...engines.values()];
+  const urls = (/** @type {string} */ role) => list.filter((e) => e.role === role).map((e) => e.url).join(',');
+  const common = { cwd: workerSnapshot(), port: await freePort(), persistDir, onOutput: routerLog() };
+  /** @type {Awaited<ReturnType<typeof startWorkerd>>} */
+  let proc;
+  try {
+    proc = target === 'baseline'
+      ? await startWorkerd({ ...common, entry: BASELINE_ENTRY, bare: true, vars: { P_URLS: urls('prefill'), D_URLS: urls('decode') } })
+      : await startWorkerd({ ...common, vars, clusterDocument: { protocol: 'vllm', policy: policyFor(target), nodes: list.map((e) => ({ id: e.id, url: e.url, role: e.role })) } });
+  } catch (error) {
+    rmSync(persistDir, { recursive: true, force: true });
+    throw error;
+  }
+  const stop = async () => {
+    unregister();
+    await proc.stop();
+    rmSync(persistDir, { recursive: true, force: true });
+  };
+  const unregister = onShutdown(stop);
+  return { url: proc.url, pid: proc.pid, stop };
+}
+
+/** BENCH_ROUTER_LOG=FILE appends the Workers' output there. */
+function routerLog() {
+  const file = process.env.BENCH_ROUTER_LOG;
+  return file ? (/** @type {string} */ line) => appendFileSync(file, line + '\n') : undefined;
+}
+
+/**
+ * Samples of one path (direct, baseline or router) at one concurrency, over all rounds.
+ * @typedef {{ ttfb: number[], kinds: (string | null)[], ms: number, cpuMs: number, sent: number }} PathSamples
+ */
+const newSamples = () => /** @type {PathSamples} */ ({ ttfb: [], kinds: [], ms: 0, cpuMs: 0, sent: 0 });
+
+/**
+ * Figures of one path against direct calls measured in the same rounds.
+ * @param {PathSamples} s @param {PathSamples | null} direct null for direct itself
+ */
+export function pathFigures(s, direct) {
+  const ok = s.ttfb;
+  const failures = countKinds(s.kinds);
+  const p50 = percentile(ok, 50);
+  const p99 = percentile(ok, 99);
+  return {
+    requests: s.sent,
+    ttfbP50Ms: round(p50, 2),
+    ttfbP99Ms: round(p99, 2),
+    ...(direct ? { addedTtfbP50Ms: round(p50 - percentile(direct.ttfb, 50), 2), addedTtfbP99Ms: round(p99 - percentile(direct.ttfb, 99), 2) } : {}),
+    reqPerS: round(ok.length / (s.ms / 1000), 1),
+    ...(direct ? { cpuMsPerRequest: round(s.cpuMs / Math.max(1, s.sent), 3) } : {}),
+    failed: failures.reduce((a, f) => a + f.count, 0),
+    failures,
+  };
+}
+
+/**
+ * The router against the baseline Worker and direct calls: the ratios issue 12 sets targets on.
+ * @param {ReturnType<typeof pathFigures>} router @param {ReturnType<typeof pathFigures>} baseline @param {ReturnType<typeof pathFigures>} direct
+ */
+export function levelRatios(router, baseline, direct) {
+  return {
+    addedTtfbP50VsBaseline: ratio(/** @type {number} */ (router.addedTtfbP50Ms), /** @type {number} */ (baseline.addedTtfbP50Ms)),
+    addedTtfbP99VsBaseline: ratio(/** @type {number} */ (router.addedTtfbP99Ms), /** @type {number} */ (baseline.addedTtfbP99Ms)),
+    ttfbP50VsBaseline: ratio(router.ttfbP50Ms, baseline.ttfbP50Ms),
+    ttfbP50VsDirect: ratio(router.ttfbP50Ms, direct.ttfbP50Ms),
+    ttfbP99VsDirect: ratio(router.ttfbP99Ms, direct.ttfbP99Ms),
+    reqPerSVsBaseline: ratio(router.reqPerS, baseline.reqPerS),
+    reqPerSVsDirect: ratio(router.reqPerS, direct.reqPerS),
+    cpuVsBaseline: ratio(/** @type {number} */ (router.cpuMsPerRequest), /** @type {number} */ (baseline.cpuMsPerRequest)),
+  };
+}
+
 /** @param {Record<string, string | true>} options */
 export async function runOverhead(options) {
   const policies = listOption(options);
@@ -56,83 +156,89 @@ export async function runOverhead(options) {
   const perLevel = numberOption(options, 'requests-per-level', 0);
   const promptChars = numberOption(options, 'prompt-chars', 64);
   const outputTokens = numberOption(options, 'output-tokens', 8);
-  const rounds = 4;
+  const rounds = numberOption(options, 'rounds', 3);
+  // --router-vars CONFIG_TTL_MS=600000,...: Worker vars for the router (experiments)
+  const routerVars = Object.fromEntries(String(options['router-vars'] ?? '').split(',').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+  /** @type {any[]} */
   const results = [];
-  // --memory-only: just the streams and the Worker's memory
-  for (const policy of options['memory-only'] ? [] : policies) {
-    const stack = await startStack({
-      engines: ENGINES,
-      defaults: { timeScale: 0 },
-      clusterDocument: (started) => ({ protocol: 'vllm', policy: policyFor(policy), nodes: [...started.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })) }),
-    });
+  /** @type {Map<number, { direct: PathSamples, baseline: PathSamples }>} pooled over the policies' runs */
+  const pooled = new Map();
+  const body = (/** @type {number} */ i) => ({
+    model: 'sim-model',
+    messages: [{ role: 'user', content: `request ${i} `.padEnd(promptChars, 'x') }],
+    stream: true,
+    stream_options: { include_usage: true },
+    max_tokens: outputTokens,
+  });
+
+  if (!options['memory-only']) {
+    const cluster = await startSimCluster({ engines: ENGINES, defaults: { timeScale: 0 } });
+    const unregister = onShutdown(() => cluster.close());
+    const baseline = await startProxy('baseline', cluster.engines);
     try {
-      const url = (/** @type {string} */ id) => /** @type {any} */ (stack.cluster.engines.get(id)).url;
-      const body = (/** @type {number} */ i) => ({
-        model: 'sim-model',
-        messages: [{ role: 'user', content: `request ${i} `.padEnd(promptChars, 'x') }],
-        stream: true,
-        stream_options: { include_usage: true },
-        max_tokens: outputTokens,
-      });
-      const levelsOut = [];
-      let seq = 0;
-      for (const c of levels) {
-        const n = perLevel || (c === 1 ? 200 : Math.min(1600, c * 40));
-        const agent = createAgent(c * 2);
-        /** @type {number[]} */ const direct = [];
-        /** @type {number[]} */ const routed = [];
-        let directMs = 0;
-        let routedMs = 0;
-        let errors = 0;
-        let retries = 0;
-        // warm both paths (connections, isolate, Durable Object)
-        await runPool(Math.max(c, 8), c, async () => {
-          const i = seq++;
-          await directTwoLegs({ p: url(`p${i % 2}`), d: url(`d${i % 2}`), body: body(i), requestId: `warm-${i}`, agent });
-          await postJsonRetrying(`${stack.router.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `warm-r-${i}` } });
-        });
-        for (let round = 0; round < rounds; round++) {
-          const share = Math.ceil(n / rounds);
-          let t = performance.now();
-          await runPool(share, c, async () => {
-            const i = seq++;
-            const r = await directTwoLegs({ p: url(`p${i % 2}`), d: url(`d${(i >> 1) % 2}`), body: body(i), requestId: `direct-${i}`, agent });
-            if (r.status === 200 && !r.error) direct.push(r.ttfbMs);
-            else errors++;
-          });
-          directMs += performance.now() - t;
-          t = performance.now();
-          await runPool(share, c, async () => {
-            const i = seq++;
-            const r = await postJsonRetrying(`${stack.router.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `router-${i}` } });
-            retries += r.retries ?? 0;
-            if (r.status === 200 && !r.error) routed.push(r.ttfbMs);
-            else errors++;
-          });
-          routedMs += performance.now() - t;
+      const url = (/** @type {string} */ id) => /** @type {any} */ (cluster.engines.get(id)).url;
+      for (const policy of policies) {
+        const router = await startProxy(policy, cluster.engines, routerVars);
+        try {
+          const levelsOut = [];
+          let seq = 0;
+          for (const c of levels) {
+            const n = perLevel || (c === 1 ? 200 : Math.min(1600, c * 40));
+            const agent = createAgent(c * 3);
+            /** @type {{ name: 'direct' | 'baseline' | 'router', pgid: number | null, send: (i: number) => Promise<import('../lib/http-client.mjs').PostResult> }[]} */
+            const paths = [
+              { name: 'direct', pgid: null, send: (i) => directTwoLegs({ p: url(`p${i % 2}`), d: url(`d${(i >> 1) % 2}`), body: body(i), requestId: `direct-${i}`, agent }) },
+              { name: 'baseline', pgid: baseline.pid, send: (i) => postJson(`${baseline.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `baseline-${i}` } }) },
+              { name: 'router', pgid: router.pid, send: (i) => postJson(`${router.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `router-${i}` } }) },
+            ];
+            // warm every path (connections, isolates, JIT, the Durable Object)
+            for (const p of paths) await runPool(Math.max(2 * c, 50), c, () => p.send(seq++));
+            const samples = { direct: newSamples(), baseline: newSamples(), router: newSamples() };
+            for (let r = 0; r < rounds; r++) {
+              for (const p of paths) {
+                const s = samples[p.name];
+                const share = Math.ceil(n / rounds);
+                const cpu = p.pgid === null ? null : cpuMeter(p.pgid);
+                const t = performance.now();
+                await runPool(share, c, async () => {
+                  const res = await p.send(seq++);
+                  const kind = failureKind(res);
+                  s.kinds.push(kind);
+                  if (kind === null) s.ttfb.push(res.ttfbMs);
+                });
+                s.ms += performance.now() - t;
+                s.cpuMs += cpu ? cpu.stop() : 0;
+                s.sent += share;
+              }
+            }
+            agent.destroy();
+            const pool = pooled.get(c) ?? { direct: newSamples(), baseline: newSamples() };
+            pooled.set(c, pool);
+            for (const k of /** @type {const} */ (['direct', 'baseline'])) {
+              pool[k].ttfb.push(...samples[k].ttfb);
+              pool[k].kinds.push(...samples[k].kinds);
+              pool[k].ms += samples[k].ms;
+              pool[k].cpuMs += samples[k].cpuMs;
+              pool[k].sent += samples[k].sent;
+            }
+            const direct = pathFigures(samples.direct, null);
+            const base = pathFigures(samples.baseline, samples.direct);
+            const routed = pathFigures(samples.router, samples.direct);
+            const row = { concurrency: c, direct, baseline: base, router: routed, ratios: levelRatios(routed, base, direct) };
+            levelsOut.push(row);
+            process.stderr.write(
+              `overhead ${policy} c=${c}: added TTFB p50 ${routed.addedTtfbP50Ms} ms (baseline ${base.addedTtfbP50Ms}), p99 ${routed.addedTtfbP99Ms} (baseline ${base.addedTtfbP99Ms}); CPU ${routed.cpuMsPerRequest} ms/req (baseline ${base.cpuMsPerRequest}); req/s ${routed.reqPerS} (baseline ${base.reqPerS}, direct ${direct.reqPerS}); failed ${routed.failed}${routed.failures.length ? ` ${JSON.stringify(routed.failures)}` : ''}\n`,
+            );
+          }
+          results.push({ policy, ...headline(levelsOut), levels: levelsOut });
+        } finally {
+          await router.stop();
         }
-        agent.destroy();
-        const row = {
-          concurrency: c,
-          requests: direct.length + routed.length,
-          directTtfbP50Ms: round(percentile(direct, 50), 2),
-          directTtfbP99Ms: round(percentile(direct, 99), 2),
-          routerTtfbP50Ms: round(percentile(routed, 50), 2),
-          routerTtfbP99Ms: round(percentile(routed, 99), 2),
-          addedTtfbP50Ms: round(percentile(routed, 50) - percentile(direct, 50), 2),
-          addedTtfbP99Ms: round(percentile(routed, 99) - percentile(direct, 99), 2),
-          directReqPerS: round(direct.length / (directMs / 1000), 1),
-          routerReqPerS: round(routed.length / (routedMs / 1000), 1),
-          errors,
-          devProxyRetries: retries,
-        };
-        levelsOut.push(row);
-        process.stderr.write(`overhead ${policy} c=${c}: added TTFB p50 ${row.addedTtfbP50Ms} ms, p99 ${row.addedTtfbP99Ms} ms\n`);
       }
-      const at16 = levelsOut.find((l) => l.concurrency === 16);
-      results.push({ policy, addedTtfbP50MsAt16: at16?.addedTtfbP50Ms, addedTtfbP99MsAt16: at16?.addedTtfbP99Ms, levels: levelsOut });
     } finally {
-      await stack.close();
+      await baseline.stop();
+      unregister();
+      await cluster.close();
     }
   }
 
@@ -141,39 +247,116 @@ export async function runOverhead(options) {
     requests: numberOption(options, 'decision-requests', 200),
   });
 
-  const memory = options['no-memory'] ? undefined : await measureStreamMemory({
-    policy: policies[0],
-    streams: numberOption(options, 'streams', 1000),
-    streamSeconds: numberOption(options, 'stream-seconds', 120),
+  // memory per open stream and upstream close after the clients left: the baseline and each policy
+  const memoryTargets = options['no-memory'] ? [] : ['baseline', ...listOption(options, 'memory-policy', undefined, policies)];
+  const memory = memoryTargets.length
+    ? await measureStreamMemory({ targets: memoryTargets, streams: numberOption(options, 'streams', 1000), streamSeconds: numberOption(options, 'stream-seconds', 120) })
+    : [];
+  const baseMemory = memory.find((m) => m.target === 'baseline');
+  for (const m of memory) {
+    if (baseMemory && m.target !== 'baseline') m.kbPerStreamVsBaseline = ratio(m.kbPerStream, baseMemory.kbPerStream);
+    const r = results.find((x) => x.policy === m.target);
+    if (r) Object.assign(r, { memoryKbPerStream: m.kbPerStream, memoryVsBaseline: m.kbPerStreamVsBaseline, upstreamClosedAllMs: m.upstreamClosedAllMs, upstreamClosedHalfMs: m.upstreamClosedHalfMs });
+  }
+  const baselineLevels = [...pooled].map(([c, s]) => {
+    const direct = pathFigures(s.direct, null);
+    return { concurrency: c, direct, baseline: pathFigures(s.baseline, s.direct) };
   });
 
-  const rows = results.flatMap((r) => r.levels.map((l) => [r.policy, l.concurrency, l.directTtfbP50Ms, l.routerTtfbP50Ms, l.addedTtfbP50Ms, l.directTtfbP99Ms, l.routerTtfbP99Ms, l.addedTtfbP99Ms, l.directReqPerS, l.routerReqPerS, `${l.errors} (${l.devProxyRetries})`]));
-  let table = markdownTable(['policy', 'conc.', 'direct p50 ms', 'router p50 ms', 'added p50 ms', 'direct p99 ms', 'router p99 ms', 'added p99 ms', 'direct req/s', 'router req/s', 'errors (retried)'], rows);
-  const targets = results.map((r) => ({ policy: r.policy, p50: r.addedTtfbP50MsAt16, p99: r.addedTtfbP99MsAt16, met: (r.addedTtfbP50MsAt16 ?? Infinity) <= 1 && (r.addedTtfbP99MsAt16 ?? Infinity) <= 5 }));
-  table += '\n\n' + markdownTable(['target at concurrency 16: added TTFB p50 <= 1 ms, p99 <= 5 ms', 'added p50 ms', 'added p99 ms', 'met'], targets.map((t) => [t.policy, t.p50, t.p99, t.met ? 'yes' : 'NO']));
-  if (decision) {
-    table += '\n\n' + markdownTable(
-      [`decision cost, ${decision.promptChars}-character prompt, concurrency 1`, 'TTFB p50 ms', 'TTFB p90 ms', 'added by cache_aware p50 ms', 'target <= 1 ms'],
-      decision.rows.map((r) => [r.policy, r.ttfbP50Ms, r.ttfbP90Ms, r.policy === 'cache_aware' ? decision.addedP50Ms : '', r.policy === 'cache_aware' ? (decision.addedP50Ms <= 1 ? 'yes' : 'NO') : '']),
-    );
+  const report = {
+    scenario: 'overhead',
+    config: { levels, promptChars, outputTokens, rounds, requestsPerLevel: perLevel || 'default', routerVars },
+    baseline: { levels: baselineLevels, memory: baseMemory },
+    results,
+    decision,
+    memory,
+  };
+  return { report, table: overheadTables(report), chart: overheadChart(report, levels) };
+}
+
+/**
+ * The per-policy figures the README quotes: at concurrency 16 and 64, with ratios.
+ * @param {any[]} levelsOut
+ */
+export function headline(levelsOut) {
+  /** @type {Record<string, number>} */
+  const out = {};
+  for (const l of levelsOut) {
+    const c = l.concurrency;
+    out[`addedTtfbP50MsAt${c}`] = l.router.addedTtfbP50Ms;
+    out[`addedTtfbP99MsAt${c}`] = l.router.addedTtfbP99Ms;
+    out[`reqPerSAt${c}`] = l.router.reqPerS;
+    out[`cpuMsPerRequestAt${c}`] = l.router.cpuMsPerRequest;
+    out[`cpuVsBaselineAt${c}`] = l.ratios.cpuVsBaseline;
+    out[`addedTtfbP50VsBaselineAt${c}`] = l.ratios.addedTtfbP50VsBaseline;
+    out[`failedAt${c}`] = l.router.failed;
   }
-  if (memory) {
-    table += '\n\n' + markdownTable(
-      ['streams open (of asked)', 'workerd RSS before KB (worker+proxy)', 'peak KB', 'growth KB', 'KB per stream (both / user Worker)', 'target < 50 KB', 'upstream legs still open after the clients left'],
-      [[`${memory.streamsOpen} (${memory.streamsAsked})`, memory.rssBeforeKb, memory.rssPeakKb, memory.rssPeakKb - memory.rssBeforeKb, `${memory.kbPerStream} / ${memory.userWorkerKbPerStream}`, memory.kbPerStream < 50 ? 'yes' : 'NO', memory.upstreamInflightAfterAbort]],
-    );
+  return out;
+}
+
+/** @param {any} report */
+export function overheadTables(report) {
+  const sections = [];
+  const x = (/** @type {number} */ v) => (Number.isFinite(v) ? `${formatNumber(v)}x` : 'n/a');
+  if (report.results.length) {
+    sections.push(markdownTable(
+      ['policy', 'conc.', 'added TTFB p50 ms: baseline / router (x)', 'added TTFB p99 ms: baseline / router (x)', 'req/s: direct / baseline / router', 'router req/s vs baseline / direct', 'CPU ms/req: baseline / router (x)', 'failed: baseline / router (of each)'],
+      report.results.flatMap((/** @type {any} */ r) => r.levels.map((/** @type {any} */ l) => [
+        r.policy,
+        l.concurrency,
+        `${formatNumber(l.baseline.addedTtfbP50Ms)} / ${formatNumber(l.router.addedTtfbP50Ms)} (${x(l.ratios.addedTtfbP50VsBaseline)})`,
+        `${formatNumber(l.baseline.addedTtfbP99Ms)} / ${formatNumber(l.router.addedTtfbP99Ms)} (${x(l.ratios.addedTtfbP99VsBaseline)})`,
+        `${formatNumber(l.direct.reqPerS)} / ${formatNumber(l.baseline.reqPerS)} / ${formatNumber(l.router.reqPerS)}`,
+        `${x(l.ratios.reqPerSVsBaseline)} / ${x(l.ratios.reqPerSVsDirect)}`,
+        `${formatNumber(l.baseline.cpuMsPerRequest)} / ${formatNumber(l.router.cpuMsPerRequest)} (${x(l.ratios.cpuVsBaseline)})`,
+        `${l.baseline.failed} / ${l.router.failed} (${l.router.requests})`,
+      ])),
+    ));
+    sections.push(markdownTable(
+      ['TTFB ms (p50 / p99)', 'conc.', 'direct', 'baseline Worker', 'router', 'router vs direct p50 / p99'],
+      report.results.flatMap((/** @type {any} */ r) => r.levels.map((/** @type {any} */ l) => [
+        r.policy, l.concurrency,
+        `${formatNumber(l.direct.ttfbP50Ms)} / ${formatNumber(l.direct.ttfbP99Ms)}`,
+        `${formatNumber(l.baseline.ttfbP50Ms)} / ${formatNumber(l.baseline.ttfbP99Ms)}`,
+        `${formatNumber(l.router.ttfbP50Ms)} / ${formatNumber(l.router.ttfbP99Ms)}`,
+        `${x(l.ratios.ttfbP50VsDirect)} / ${x(l.ratios.ttfbP99VsDirect)}`,
+      ])),
+    ));
+    const failures = report.results.flatMap((/** @type {any} */ r) => r.levels.flatMap((/** @type {any} */ l) =>
+      [['baseline', l.baseline], ['router', l.router], ['direct', l.direct]].flatMap(([who, f]) => f.failures.map((/** @type {any} */ k) => [r.policy, l.concurrency, who, k.kind, k.count]))));
+    sections.push(failures.length
+      ? markdownTable(['failed requests by kind: policy', 'conc.', 'path', 'kind (status and error)', 'count'], failures)
+      : 'failed requests: none (no non-2xx answer, no broken stream, on any path)');
   }
+  if (report.decision) {
+    const d = report.decision;
+    sections.push(markdownTable(
+      [`decision cost, ${d.promptChars}-character prompt (~${Math.round(d.promptChars / 4)} tokens), concurrency 1`, 'TTFB p50 ms', 'TTFB p90 ms', 'added by cache_aware p50 ms', 'target <= 0.5 ms'],
+      d.rows.map((/** @type {any} */ r) => [r.policy, r.ttfbP50Ms, r.ttfbP90Ms, r.policy === 'cache_aware' ? d.addedP50Ms : '', r.policy === 'cache_aware' ? (d.addedP50Ms <= 0.5 ? 'yes' : 'NO') : '']),
+    ));
+  }
+  if (report.memory.length) {
+    sections.push(markdownTable(
+      ['memory, 1 slow stream each: target', 'streams open (asked)', 'workerd RSS before KB', 'peak KB', 'KB per stream (x baseline)', 'upstream legs closed after the clients left: half / all ms', 'legs still open at the end'],
+      report.memory.map((/** @type {any} */ m) => [m.target, `${m.streamsOpen} (${m.streamsAsked})`, m.rssBeforeKb, m.rssPeakKb, m.target === 'baseline' ? formatNumber(m.kbPerStream) : `${formatNumber(m.kbPerStream)} (${x(m.kbPerStreamVsBaseline)})`, `${formatNumber(m.upstreamClosedHalfMs)} / ${formatNumber(m.upstreamClosedAllMs)}`, m.upstreamStillOpen]),
+    ));
+  }
+  return sections.join('\n\n');
+}
+
+/** @param {any} report @param {number[]} levels */
+function overheadChart(report, levels) {
+  const rs = report.results;
+  const at = (/** @type {any} */ r, /** @type {number} */ c) => r.levels.find((/** @type {any} */ l) => l.concurrency === c);
+  const baseAt = (/** @type {number} */ c) => report.baseline.levels.find((/** @type {any} */ l) => l.concurrency === c)?.baseline;
   return {
-    report: { scenario: 'overhead', config: { levels, promptChars, outputTokens, rounds }, results, decision, memory, targets },
-    table,
-    chart: {
-      title: 'overhead: router added TTFB (ms) and throughput vs direct two legs',
-      series: results.map((r) => r.policy),
-      figures: levels.flatMap((c) => [
-        { name: `added p50 ms @${c}`, values: results.map((r) => r.levels.find((l) => l.concurrency === c)?.addedTtfbP50Ms ?? NaN) },
-        { name: `added p99 ms @${c}`, values: results.map((r) => r.levels.find((l) => l.concurrency === c)?.addedTtfbP99Ms ?? NaN) },
-      ]).concat([{ name: 'router/direct req/s @16', values: results.map((r) => { const l = r.levels.find((x) => x.concurrency === 16); return l ? l.routerReqPerS / l.directReqPerS : NaN; }) }]),
-    },
+    title: 'overhead: added TTFB (ms) and CPU per request, baseline Worker vs router',
+    series: ['baseline', ...rs.map((/** @type {any} */ r) => r.policy)],
+    figures: levels.filter((c) => c > 1).flatMap((c) => [
+      { name: `added p50 ms @${c}`, values: [baseAt(c)?.addedTtfbP50Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP50Ms ?? NaN)] },
+      { name: `added p99 ms @${c}`, values: [baseAt(c)?.addedTtfbP99Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP99Ms ?? NaN)] },
+      { name: `CPU ms/req @${c}`, values: [baseAt(c)?.cpuMsPerRequest ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.cpuMsPerRequest ?? NaN)] },
+    ]).concat([{ name: 'KB per stream', values: ['baseline', ...rs.map((/** @type {any} */ r) => r.policy)].map((t) => report.memory.find((/** @type {any} */ m) => m.target === t)?.kbPerStream ?? NaN) }]),
   };
 }
 
@@ -212,90 +395,100 @@ async function measureDecisionCost({ promptChars, requests }) {
   return { promptChars, requests, rows, addedP50Ms };
 }
 
-/** `worker` for the workerd running the user Worker (it has the inspector), else `proxy`. @param {number} pid */
-function workerdRole(pid) {
-  try {
-    // under wrangler dev the user Worker's workerd is the one with the inspector; Miniflare
-    // (--runtime workerd) runs one workerd with no inspector and no dev proxy: the Worker's
-    if (process.env.BENCH_RUNTIME !== 'wrangler') return 'worker';
-    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--inspector-addr') ? 'worker' : 'proxy';
-  } catch {
-    return 'unknown';
-  }
-}
-
 /**
- * Open `streams` slow streams through the router and watch workerd's resident memory.
- * @param {{ policy: string, streams: number, streamSeconds: number }} o
+ * Open `streams` slow streams through each target in turn (the baseline Worker, then the router
+ * per policy) and watch workerd's resident memory; then abort every client at once and time how
+ * long the engines keep upstream legs open.
+ * @param {{ targets: Target[], streams: number, streamSeconds: number }} o
  */
-async function measureStreamMemory({ policy, streams, streamSeconds }) {
+async function measureStreamMemory({ targets, streams, streamSeconds }) {
   const stepMs = 50;
-  const stack = await startStack({
+  const cluster = await startSimCluster({
     engines: [
       { id: 'p0', role: 'prefill', timeScale: 0 },
       { id: 'd0', role: 'decode', timeScale: 1, decodeBaseMs: stepMs, decodeMsPerSeq: 0, transferInterferenceMs: 0, transferMsPerBlock: 0 },
     ],
-    clusterDocument: (started) => ({ protocol: 'vllm', policy: policyFor(policy), nodes: [...started.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })) }),
   });
+  const unregister = onShutdown(() => cluster.close());
+  const out = [];
   try {
-    // wrangler dev runs two workerd processes: the dev proxy (listens on the public port) and
-    // the user Worker (with the inspector); both are sampled, and reported apart
-    const workerds = (await processGroupMembers(stack.router.pid)).filter((m) => m.comm === 'workerd').map((m) => ({ ...m, role: workerdRole(m.pid) }));
-    const rss = async () => Promise.all(workerds.map((w) => rssKb(w.pid)));
-    const body = (/** @type {number} */ i, /** @type {number} */ tokens) => ({ model: 'sim-model', messages: [{ role: 'user', content: `stream ${i}` }], stream: true, max_tokens: tokens });
-    const agent = new http.Agent({ keepAlive: false, maxSockets: streams + 50 });
-    // warm up with a few short streams, then let things settle
-    await runPool(50, 10, (i) => postJsonRetrying(`${stack.router.url}/v1/chat/completions`, body(i, 4), { agent }));
-    await new Promise((r) => setTimeout(r, 1500));
-    const maxInto = (/** @type {number[]} */ into, /** @type {number[]} */ xs) => xs.forEach((x, i) => (into[i] = Math.max(into[i], Number.isFinite(x) ? x : 0)));
-    const before = workerds.map(() => 0);
-    for (let i = 0; i < 5; i++) {
-      maxInto(before, await rss());
-      await new Promise((r) => setTimeout(r, 200));
+    for (const target of targets) {
+      const proxy = await startProxy(target, cluster.engines);
+      try {
+        out.push({ target, ...(await streamsThrough(proxy, cluster, { streams, streamSeconds, stepMs })) });
+        process.stderr.write(`overhead memory ${target}: ${out.at(-1)?.kbPerStream} KB a stream, upstream closed ${out.at(-1)?.upstreamClosedAllMs} ms after the clients left\n`);
+      } finally {
+        await proxy.stop();
+      }
     }
-    const controller = new AbortController();
-    setMaxListeners(streams + 10, controller.signal);
-    let open = 0;
-    const peak = [...before];
-    const sampler = setInterval(async () => maxInto(peak, await rss()), 100);
-    const tokens = Math.ceil((streamSeconds * 1000) / stepMs);
-    const pending = Array.from({ length: streams }, (_, i) =>
-      postJson(`${stack.router.url}/v1/chat/completions`, body(i, tokens), { agent, signal: controller.signal, onFirstByte: () => open++, timeoutMs: (streamSeconds + 120) * 1000 }),
-    );
-    // wrangler dev admits new requests slowly on a busy machine: wait for all to be open
-    const deadline = performance.now() + Math.min(90000, streamSeconds * 1000 * 0.75);
-    while (open < streams && performance.now() < deadline) await new Promise((r) => setTimeout(r, 100));
-    const streamsOpen = open;
-    // keep sampling a little while they are all open
-    await new Promise((r) => setTimeout(r, 2000));
-    clearInterval(sampler);
-    maxInto(peak, await rss());
-    controller.abort();
-    await Promise.allSettled(pending);
-    // the router must abort the upstream legs when the client leaves
-    let upstreamInflightAfterAbort = NaN;
-    for (let i = 0; i < 50; i++) {
-      await new Promise((r) => setTimeout(r, 200));
-      const stats = await stack.stats();
-      upstreamInflightAfterAbort = Object.values(stats).reduce((a, e) => a + e.inflight, 0);
-      if (upstreamInflightAfterAbort === 0) break;
-    }
-    agent.destroy();
-    const sum = (/** @type {number[]} */ xs) => xs.reduce((a, b) => a + b, 0);
-    const user = workerds.findIndex((w) => w.role === 'worker');
-    return {
-      streamsAsked: streams,
-      streamsOpen,
-      streamSeconds,
-      rssBeforeKb: sum(before),
-      rssPeakKb: sum(peak),
-      // per request in flight through the router (all of them hold memory, open to the client or not)
-      kbPerStream: round((sum(peak) - sum(before)) / streams, 1),
-      userWorkerKbPerStream: user >= 0 ? round((peak[user] - before[user]) / streams, 1) : NaN,
-      processes: workerds.map((w, i) => ({ pid: w.pid, role: w.role, rssBeforeKb: before[i], rssPeakKb: peak[i] })),
-      upstreamInflightAfterAbort,
-    };
   } finally {
-    await stack.close();
+    unregister();
+    await cluster.close();
   }
+  return out;
+}
+
+/**
+ * @param {Proxy} proxy
+ * @param {Awaited<ReturnType<typeof startSimCluster>>} cluster
+ * @param {{ streams: number, streamSeconds: number, stepMs: number }} o
+ */
+async function streamsThrough(proxy, cluster, { streams, streamSeconds, stepMs }) {
+  const inflight = async () => Object.values(/** @type {Record<string, any>} */ (await (await fetch(cluster.controlUrl + '/stats')).json())).reduce((a, e) => a + e.inflight, 0);
+  const body = (/** @type {number} */ i, /** @type {number} */ tokens) => ({ model: 'sim-model', messages: [{ role: 'user', content: `stream ${i}` }], stream: true, max_tokens: tokens });
+  const agent = new http.Agent({ keepAlive: false, maxSockets: streams + 50 });
+  const sleep = (/** @type {number} */ ms) => new Promise((r) => setTimeout(r, ms));
+  // warm up with a few short streams, then let things settle
+  await runPool(50, 10, (i) => postJson(`${proxy.url}/v1/chat/completions`, body(i, 4), { agent }));
+  await sleep(1500);
+  let before = 0;
+  for (let i = 0; i < 5; i++) {
+    before = Math.max(before, groupRssKb(proxy.pid));
+    await sleep(200);
+  }
+  const controller = new AbortController();
+  setMaxListeners(streams + 10, controller.signal);
+  let open = 0;
+  let peak = before;
+  const sampler = setInterval(() => (peak = Math.max(peak, groupRssKb(proxy.pid))), 100);
+  const tokens = Math.ceil((streamSeconds * 1000) / stepMs);
+  const pending = Array.from({ length: streams }, (_, i) =>
+    postJson(`${proxy.url}/v1/chat/completions`, body(i, tokens), { agent, signal: controller.signal, onFirstByte: () => open++, timeoutMs: (streamSeconds + 120) * 1000 }),
+  );
+  const deadline = performance.now() + Math.min(90000, streamSeconds * 1000 * 0.75);
+  while (open < streams && performance.now() < deadline) await sleep(100);
+  const streamsOpen = open;
+  // keep sampling a little while they are all open
+  await sleep(2000);
+  clearInterval(sampler);
+  peak = Math.max(peak, groupRssKb(proxy.pid));
+  // every client leaves at once; the engines say when they saw their legs closed
+  const leftAt = performance.now();
+  controller.abort();
+  /** @type {{ atMs: number, value: number }[]} */
+  const samples = [{ atMs: leftAt, value: await inflight() }];
+  while (performance.now() - leftAt < 15000) {
+    await sleep(20);
+    const value = await inflight();
+    samples.push({ atMs: performance.now(), value });
+    if (value === 0) break;
+  }
+  await Promise.allSettled(pending);
+  agent.destroy();
+  const closed = drainTimes(samples, leftAt);
+  return {
+    streamsAsked: streams,
+    streamsOpen,
+    streamSeconds,
+    rssBeforeKb: before,
+    rssPeakKb: peak,
+    // per request in flight through the proxy (all of them hold memory, open to the client or not)
+    kbPerStream: round((peak - before) / streams, 1),
+    /** @type {number | undefined} */
+    kbPerStreamVsBaseline: undefined,
+    upstreamOpenWhenClientsLeft: samples[0].value,
+    upstreamClosedHalfMs: closed.halfMs,
+    upstreamClosedAllMs: closed.allMs,
+    upstreamStillOpen: samples.at(-1)?.value ?? NaN,
+  };
 }
