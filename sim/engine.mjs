@@ -595,6 +595,15 @@ export async function startEngine(options) {
       });
       return;
     }
+    // /v1/responses, /v1/embeddings, /tokenize, /detokenize, SGLang's /generate: sim/endpoints.mjs
+    if (req.method === 'POST' && ['/v1/responses', '/v1/embeddings', '/tokenize', '/detokenize', '/generate'].includes(path)) {
+      const hooks = { engine, options, registry, stats: () => stats, fault: () => fault, inflight: (/** @type {number} */ d) => void (inflight += d), record: (/** @type {RequestLogEntry} */ e) => void (log.push(e) > MAX_LOG && log.shift()) };
+      import('./endpoints.mjs').then((m) => m.handleEndpoint(req, res, path, hooks)).catch((error) => {
+        stats.errors++;
+        if (!res.headersSent) sendError(res, 500, String(error), 'server_error');
+      });
+      return;
+    }
     if (req.method === 'GET' && path === '/health') {
       req.resume();
       return fault.health ? sendJson(res, 200, { status: 'ok' }) : sendJson(res, 503, { status: 'unhealthy' });
