@@ -45,14 +45,19 @@ export class ClusterConfigLoader {
   private snapshot: ConfigSnapshot | null = null;
   private loadedAt = -Infinity;
   private lastRaw: string | null | undefined = undefined;
-  private inflight: Promise<ConfigSnapshot> | null = null;
+  /** reads started / the newest read applied: a slow read never overwrites a newer one */
+  private readsStarted = 0;
+  private readApplied = 0;
 
+  /**
+   * The cached snapshot, or a fresh one read by THIS call. Deliberately no shared in-flight
+   * refresh: workerd ties I/O to the request that started it and cancels ("hung") another
+   * request awaiting it, so concurrent requests that find the cache stale each do their own KV
+   * read (KV serves repeated reads from its edge cache). Only data is shared between requests.
+   */
   async get(source: ConfigSource): Promise<ConfigSnapshot> {
     if (this.snapshot && source.now() - this.loadedAt < source.ttlMs) return this.snapshot;
-    this.inflight ??= this.refresh(source).finally(() => {
-      this.inflight = null;
-    });
-    return this.inflight;
+    return this.refresh(source);
   }
 
   /** Drops the isolate cache (tests, and the admin API after a write). */
@@ -61,6 +66,7 @@ export class ClusterConfigLoader {
   }
 
   private async refresh(source: ConfigSource): Promise<ConfigSnapshot> {
+    const read = ++this.readsStarted;
     let raw: string | null;
     try {
       raw = await source.read();
@@ -70,6 +76,9 @@ export class ClusterConfigLoader {
       raw = null;
       source.log?.({ event: "config_read_failed", error: String(err) });
     }
+    // A read that started before one already applied saw an older (or the same) document.
+    if (this.snapshot && read < this.readApplied) return this.snapshot;
+    this.readApplied = read;
     this.loadedAt = source.now();
     if (this.snapshot && raw === this.lastRaw) return this.snapshot;
     this.lastRaw = raw;
@@ -95,6 +104,7 @@ export class ClusterConfigLoader {
         if (saved && parsed?.ok) this.lastGood = { raw: saved, config: parsed.config, version: textVersion(saved) };
       }
     }
+    if (this.snapshot && read < this.readApplied) return this.snapshot; // a newer read applied meanwhile
     this.snapshot = {
       config: this.lastGood?.config ?? null,
       version: this.lastGood?.version ?? "none",

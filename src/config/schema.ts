@@ -1,10 +1,14 @@
 import { z } from "zod";
+import { DEFAULT_MAX_BLOCKS_PER_REQUEST } from "../routing/prefix-index";
 
 // The cluster document (SPEC section 2). Parsed once at the edge; the rest of the
 // code receives a typed, defaults-filled ClusterConfig.
 
 const positiveInt = z.number().int().positive();
-const timeoutMs = positiveInt.max(600_000, "must be at most 600000 (10 minutes)");
+/** A leg timeout: at least 50 ms (anything shorter fails every request), at most `max`. */
+const timeoutMs = (max: number, what: string) => positiveInt.min(50, "must be at least 50 (ms)").max(max, `must be at most ${max} (${what})`);
+/** Probe, failure and recovery counts: a hundred is already more than anyone means. */
+const count = positiveInt.max(100, "must be at most 100");
 
 const nodeUrl = z.string().superRefine((value, ctx) => {
   let url: URL;
@@ -31,7 +35,12 @@ export const NodeSchema = z
     models: z.array(z.string().min(1)).optional(),
     bootstrapPort: positiveInt.max(65535).default(8998),
     drain: z.boolean().default(false),
-    apiKeySecret: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be a secret name").optional(),
+    // Only NODE_* secrets: whoever edits the document must not be able to make the router send
+    // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
+    apiKeySecret: z
+      .string()
+      .regex(/^NODE_[A-Za-z0-9_]{1,123}$/, "must be a secret name starting NODE_ (node secrets live in that namespace, so a document can never point at the router's own secrets)")
+      .optional(),
   })
   .strict();
 
@@ -42,12 +51,14 @@ const PolicySchema = z
     pdGroup: z.enum(["off", "prefer", "strict"]).default("off"),
     pdGroupBonus: z.number().min(0).max(10).default(0.3),
     loadFactor: z.number().min(1).max(100).default(1.25),
+    loadSlack: z.number().int().min(0).max(1000).default(4),
     cacheAware: z
       .object({
         blockChars: positiveInt.min(64).max(65536).default(2048),
         loadFactor: z.number().min(1).max(100).default(3),
         shareFactor: z.number().min(1).max(100).default(1.1),
         shareHalfLife: positiveInt.max(1_000_000).default(1000),
+        maxBlocksPerRequest: positiveInt.max(100_000).default(DEFAULT_MAX_BLOCKS_PER_REQUEST),
       })
       .strict()
       .default({}),
@@ -55,24 +66,35 @@ const PolicySchema = z
   .strict();
 
 const TimeoutsSchema = z
-  .object({ prefillMs: timeoutMs.default(120_000), decodeFirstByteMs: timeoutMs.default(120_000) })
+  .object({
+    prefillMs: timeoutMs(600_000, "10 minutes").default(120_000),
+    decodeFirstByteMs: timeoutMs(600_000, "10 minutes").default(120_000),
+    decodeIdleMs: timeoutMs(600_000, "10 minutes").default(120_000),
+    // a whole non-streamed generation: long outputs on a busy node take a while
+    nonStreamMs: timeoutMs(21_600_000, "6 hours").default(3_600_000),
+  })
   .strict();
 
+// probeTimeoutMs and probePath have protocol-dependent defaults: see probeSettings (src/state/health.ts).
 const HealthSchema = z
   .object({
-    intervalMs: positiveInt.default(10_000),
-    probeTimeoutMs: positiveInt.default(2_000),
-    downAfter: positiveInt.default(2),
-    upAfter: positiveInt.default(2),
-    ejectAfter: positiveInt.default(3),
-    ejectBaseMs: positiveInt.default(10_000),
-    ejectMaxMs: positiveInt.default(300_000),
+    intervalMs: positiveInt.min(1_000, "must be at least 1000 (ms): shorter is a probe storm").max(3_600_000, "must be at most 3600000 (1 hour)").default(10_000),
+    probeTimeoutMs: positiveInt.min(50, "must be at least 50 (ms)").max(60_000, "must be at most 60000 (1 minute)").optional(),
+    probePath: z
+      .string()
+      .regex(/^\/[A-Za-z0-9._~\/-]{0,255}$/, "must be a path starting with / (no query)")
+      .optional(),
+    downAfter: count.default(2),
+    upAfter: count.default(2),
+    ejectAfter: count.default(3),
+    ejectBaseMs: positiveInt.min(100, "must be at least 100 (ms)").max(3_600_000, "must be at most 3600000 (1 hour)").default(10_000),
+    ejectMaxMs: positiveInt.min(100, "must be at least 100 (ms)").max(86_400_000, "must be at most 86400000 (1 day)").default(300_000),
   })
   .strict();
 
 export const ClusterDocumentSchema = z
   .object({
-    protocol: z.enum(["vllm", "sglang", "colocated"]).optional(),
+    protocol: z.enum(["vllm", "vllm-mooncake", "sglang", "colocated"]).optional(),
     policy: PolicySchema.default({}),
     timeouts: TimeoutsSchema.default({}),
     health: HealthSchema.default({}),
@@ -100,7 +122,7 @@ function duplicateIds(value: unknown): Problem[] {
 
 type ParsedDocument = z.output<typeof ClusterDocumentSchema>;
 export type NodeConfig = z.output<typeof NodeSchema>;
-export type Protocol = "vllm" | "sglang" | "colocated";
+export type Protocol = "vllm" | "vllm-mooncake" | "sglang" | "colocated";
 export type ClusterConfig = Omit<ParsedDocument, "protocol" | "policy"> & {
   protocol: Protocol;
   policy: Required<ParsedDocument["policy"]>;
@@ -123,7 +145,9 @@ function renderPath(path: (string | number)[]): string {
   return path.reduce<string>((out, part) => (typeof part === "number" ? `${out}[${part}]` : out ? `${out}.${part}` : part), "") || "(document)";
 }
 
-const PROTOCOLS = ["vllm", "sglang", "colocated"] as const;
+const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
+/** Protocols that send a request to a prefill node and then (or also) to a decode node. */
+export const DISAGGREGATED_PROTOCOLS: readonly Protocol[] = ["vllm", "vllm-mooncake", "sglang"];
 const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
 
 /** Validates a raw document (text or value) and fills in the defaults. Never throws. */
@@ -145,12 +169,34 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
   const doc = parsed.data;
   const defaultProtocol = PROTOCOLS.find((p) => p === defaults.protocol) ?? "vllm";
   const defaultPolicy = POLICIES.find((p) => p === defaults.policy) ?? "affinity";
-  return {
-    ok: true,
-    config: {
-      ...doc,
-      protocol: doc.protocol ?? defaultProtocol,
-      policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
-    },
+  const config: ClusterConfig = {
+    ...doc,
+    protocol: doc.protocol ?? defaultProtocol,
+    policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
   };
+  const unusable = usabilityProblems(config);
+  return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
+}
+
+/**
+ * What each field's own bounds cannot see: a document that parses but could not work (a breaker
+ * that never backs off, a probe that outlives its interval, a P/D protocol without a P or a D).
+ */
+function usabilityProblems(config: ClusterConfig): Problem[] {
+  const problems: Problem[] = [];
+  const h = config.health;
+  if (h.probeTimeoutMs !== undefined && h.probeTimeoutMs >= h.intervalMs) {
+    problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs}), or probes overlap` });
+  }
+  if (h.ejectMaxMs < h.ejectBaseMs) {
+    problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs}), or the ejection backoff never grows` });
+  }
+  if (DISAGGREGATED_PROTOCOLS.includes(config.protocol)) {
+    for (const role of ["prefill", "decode"] as const) {
+      if (!config.nodes.some((n) => n.role === role || n.role === "both")) {
+        problems.push({ path: "nodes", message: `protocol "${config.protocol}" needs at least one ${role}-capable node (role "${role}" or "both"); there is none` });
+      }
+    }
+  }
+  return problems;
 }

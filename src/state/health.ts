@@ -3,12 +3,46 @@
 
 export interface HealthSettings {
   intervalMs: number;
-  probeTimeoutMs: number;
+  /** absent: the protocol's default (probeSettings) */
+  probeTimeoutMs?: number | undefined;
+  /** absent: the protocol's default (probeSettings) */
+  probePath?: string | undefined;
   downAfter: number;
   upAfter: number;
   ejectAfter: number;
   ejectBaseMs: number;
   ejectMaxMs: number;
+}
+
+export interface ProbeSettings {
+  path: string;
+  timeoutMs: number;
+}
+
+/**
+ * Probe defaults per protocol. SGLang's `/health` (and `/health_generate`) runs a one-token
+ * generation and polls for it in 1 s sleeps, so it never answers in under a second and takes
+ * longer on a busy node; its `/v1/models` only reads the tokenizer manager's fields (no scheduler
+ * round trip). See sgl-project/sglang python/sglang/srt/entrypoints/http_server.py
+ * (`health_generate`: `await asyncio.sleep(1)` before the first check; `available_models`).
+ * A wedged scheduler behind a live HTTP process is caught by passive ejection instead.
+ */
+const PROBE_DEFAULTS: Record<string, ProbeSettings> = {
+  sglang: { path: "/v1/models", timeoutMs: 5_000 },
+};
+const PROBE_DEFAULT: ProbeSettings = { path: "/health", timeoutMs: 2_000 };
+
+/**
+ * The probe a node of this cluster gets: the document's `health.probePath` / `probeTimeoutMs`,
+ * else the protocol's defaults. A defaulted timeout never reaches the interval (probes would overlap).
+ */
+export function probeSettings(cluster: { protocol: string; health: HealthSettings }): ProbeSettings {
+  const defaults = PROBE_DEFAULTS[cluster.protocol] ?? PROBE_DEFAULT;
+  const h = cluster.health;
+  return {
+    path: h.probePath ?? defaults.path,
+    timeoutMs: h.probeTimeoutMs ?? Math.max(1, Math.min(defaults.timeoutMs, Math.floor(h.intervalMs / 2))),
+  };
 }
 
 export type BreakerState = "closed" | "open" | "half_open";

@@ -4,7 +4,7 @@ import type { BreakerState, HealthSettings } from "./health";
 /** The part of the cluster document the Durable Object needs; sent with every call that routes. */
 export interface ClusterView {
   version: string;
-  protocol: "vllm" | "sglang" | "colocated";
+  protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
   policy: SelectionPolicy;
   health: HealthSettings;
   nodes: Array<{

@@ -22,17 +22,19 @@ describe("with no valid cluster document ever seen", () => {
 describe("cluster document schema", () => {
   const node = { id: "p0", url: "http://10.0.0.1:8100", role: "prefill" };
   const problemsOf = (doc: unknown) => {
-    const r = parseClusterDocument(doc);
+    const r = parseClusterDocument({ protocol: "colocated", ...(doc as object) });
     return r.ok ? [] : r.problems.map((p) => p.path);
   };
+  const decodeNode = { id: "d0", url: "http://10.0.0.2:8200", role: "decode" };
   it("fills the defaults of SPEC section 2", () => {
-    const r = parseClusterDocument({ nodes: [node] });
+    const r = parseClusterDocument({ nodes: [node, decodeNode] });
     expect(r.ok).toBe(true);
     if (!r.ok) return;
     expect(r.config.protocol).toBe("vllm");
-    expect(r.config.policy).toMatchObject({ prefill: "affinity", decode: "affinity", pdGroup: "off", pdGroupBonus: 0.3, loadFactor: 1.25 });
-    expect(r.config.timeouts).toEqual({ prefillMs: 120000, decodeFirstByteMs: 120000 });
-    expect(r.config.health).toEqual({ intervalMs: 10000, probeTimeoutMs: 2000, downAfter: 2, upAfter: 2, ejectAfter: 3, ejectBaseMs: 10000, ejectMaxMs: 300000 });
+    expect(r.config.policy).toMatchObject({ prefill: "affinity", decode: "affinity", pdGroup: "off", pdGroupBonus: 0.3, loadFactor: 1.25, loadSlack: 4 });
+    expect(r.config.timeouts).toEqual({ prefillMs: 120000, decodeFirstByteMs: 120000, decodeIdleMs: 120000, nonStreamMs: 3600000 });
+    // probeTimeoutMs and probePath default per protocol (probeSettings): 2000 ms and /health for vllm
+    expect(r.config.health).toEqual({ intervalMs: 10000, downAfter: 2, upAfter: 2, ejectAfter: 3, ejectBaseMs: 10000, ejectMaxMs: 300000 });
     expect(r.config.nodes[0]).toMatchObject({ weight: 1, bootstrapPort: 8998, drain: false });
   });
   it("names each bad field", () => {
@@ -47,7 +49,7 @@ describe("cluster document schema", () => {
     // reported together with the other problems, not only once the rest is valid
     expect(problemsOf({ nodes: [node, { ...node, role: "encode" }] })).toEqual(["nodes[1].role", "nodes[1].id"]);
     expect(problemsOf({ nodes: [node], timeouts: { prefillMs: 600001 } })).toEqual(["timeouts.prefillMs"]);
-    expect(problemsOf({ nodes: [node], health: { intervalMs: 1.5 } })).toEqual(["health.intervalMs"]);
+    expect(problemsOf({ nodes: [node], health: { intervalMs: 1500.5 } })).toEqual(["health.intervalMs"]);
     expect(problemsOf({ nodes: [node], policy: { prefill: "random" } })).toEqual(["policy.prefill"]);
     expect(problemsOf({ nodes: [node], protocol: "trt" })).toEqual(["protocol"]);
   });
