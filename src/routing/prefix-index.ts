@@ -7,6 +7,15 @@
  * oldest. A request's blocks are touched tail first, so its head blocks (shared by more requests
  * and needed for any leading match at all) are the last to be evicted.
  */
+/**
+ * Blocks one request may add to the index (its first N; default of `policy.cacheAware
+ * .maxBlocksPerRequest`). 128 blocks of 2,048 characters (~512 tokens) hold a 64k-token prompt
+ * whole: that covers about 98% of the Mooncake conversation trace's prompts (p50 14 blocks, p90 54,
+ * p99 167). Without a cap, a few huge unique prompts (a 10 MB body is ~5,000 blocks) would evict
+ * the whole 100,000-entry index; with it, flushing takes ~800 such requests.
+ */
+export const DEFAULT_MAX_BLOCKS_PER_REQUEST = 128;
+
 export class PrefixIndex {
   /**
    * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
@@ -54,9 +63,14 @@ export class PrefixIndex {
     return result;
   }
 
-  /** Remembers that `nodeId` now holds every block of `hashes` (it was sent that prompt). */
-  record(hashes: readonly string[], nodeId: string): void {
-    for (let i = hashes.length - 1; i >= 0; i--) {
+  /**
+   * Remembers that `nodeId` now holds the blocks of `hashes` (it was sent that prompt): only the
+   * first `maxBlocks`, so one request cannot evict more than that many entries. Leading blocks are
+   * the ones a match can use (matching stops at the first missing block).
+   */
+  record(hashes: readonly string[], nodeId: string, maxBlocks: number = DEFAULT_MAX_BLOCKS_PER_REQUEST): void {
+    const count = Math.min(hashes.length, Math.max(0, Math.floor(maxBlocks)));
+    for (let i = count - 1; i >= 0; i--) {
       const hash = hashes[i] as string;
       const holders = this.#entries.get(hash);
       if (holders) {

@@ -87,6 +87,7 @@ interface Pool {
   matches: Record<string, number>;
   blockCount: number;
   loadFactor: number;
+  loadSlack: number;
   cacheLoadFactor: number;
   shareFactor: number;
 }
@@ -102,6 +103,7 @@ function poolOf(input: SelectionInput, role: Role): Pool {
     matches: input.prefixMatches[role],
     blockCount: input.prefixBlockCount,
     loadFactor: input.policy.loadFactor,
+    loadSlack: input.policy.loadSlack,
     cacheLoadFactor: input.policy.cacheAware.loadFactor,
     shareFactor: input.policy.cacheAware.shareFactor,
   };
@@ -153,10 +155,12 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   const cacheAware = policy === "cache_aware";
   const loadFactor = cacheAware ? pool.cacheLoadFactor : pool.loadFactor;
   // A node outside that set (a draining sticky node) is measured as if it were one more member.
+  // The slack applies to cache_aware's in-flight bound too: moving a conversation off its cache
+  // on a lightly loaded cluster costs a whole prefill for nothing.
   const boundOf = (n: CandidateNode): number =>
     isAvailable(n)
-      ? loadBound(n.weight, totalWeight, totalLoad, loadFactor)
-      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), loadFactor);
+      ? loadBound(n.weight, totalWeight, totalLoad, loadFactor, pool.loadSlack)
+      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), loadFactor, pool.loadSlack);
   // cache_aware's share bound: the same construction over recently routed requests, so the
   // bounds again sum to more than the total and some node is always under its own.
   const shareBoundOf = (n: CandidateNode): number => {
@@ -336,10 +340,10 @@ function positiveModulo(value: number, n: number): number {
 // pdGroup
 
 /**
- * prefer: take the best-ranked D in P's group (g) over the best D overall (b) when
- * (g.load + 1) / g.weight <= (b.load + 1) / b.weight * (1 + bonus). The +1 counts the request
- * being placed, so an idle best D does not make every busy in-group D lose (0 * 1.3 = 0), and
- * dividing by weight compares nodes of different sizes fairly. A sticky or fail-open D stays.
+ * prefer: take the best-ranked D in P's group (g) over the best D overall (b) when its load per
+ * unit of weight is within the bonus of b's: g.load / g.weight <= b.load / b.weight * (1 + bonus)
+ * (SPEC 5). Dividing by weight compares nodes of different sizes fairly, and an idle cluster
+ * (0 <= 0) always stays in P's group whatever the weights. A sticky or fail-open D stays.
  */
 function preferGroup(decode: Ranked, pool: Pool, group: string, bonus: number): RoleDecision {
   const decision = decode.decision;
@@ -349,8 +353,7 @@ function preferGroup(decode: Ranked, pool: Pool, group: string, bonus: number): 
   const inGroupId = decode.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
   const inGroup = inGroupId === undefined ? undefined : nodeById(pool.nodes, inGroupId);
   if (!inGroup) return decision;
-  const weightOf = (n: CandidateNode): number => (n.weight > 0 ? n.weight : 1);
-  const within = (inGroup.load + 1) / weightOf(inGroup) <= ((best.load + 1) / weightOf(best)) * (1 + bonus);
+  const within = loadPerWeight(inGroup) <= loadPerWeight(best) * (1 + bonus);
   if (!within) return decision;
 
   const order = [decision.id, ...decision.fallbacks].filter((id) => id !== inGroup.id);

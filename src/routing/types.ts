@@ -21,6 +21,8 @@ export interface CacheAwareParams {
   shareFactor: number;
   /** requests after which a routed request counts half in the recent share */
   shareHalfLife: number;
+  /** prefix blocks one request may add to the index (its first N) */
+  maxBlocksPerRequest: number;
 }
 
 export interface SelectionPolicy {
@@ -29,6 +31,11 @@ export interface SelectionPolicy {
   pdGroup: PdGroupMode;
   pdGroupBonus: number;
   loadFactor: number;
+  /**
+   * extra in-flight requests every node may take above its bounded-load share (SPEC 5), so a
+   * lightly loaded cluster does not split conversations; 0 is the strict rule
+   */
+  loadSlack: number;
   cacheAware: CacheAwareParams;
 }
 

@@ -11,7 +11,9 @@ import {
   onPicked,
   onProbe,
   onSuccess,
+  probeSettings,
   type NodeHealth,
+  type ProbeSettings,
 } from "./health";
 import type {
   ClusterSnapshot,
@@ -148,8 +150,9 @@ export class ClusterState extends DurableObject {
       const matched = colocated ? (prefixMatches.decode[d] ?? 0) : (prefixMatches.prefill[p] ?? 0);
       this.prefixStats.lookedUpBlocks += req.prefixHashes.length;
       this.prefixStats.matchedBlocks += matched;
-      if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p);
-      this.prefixIndex.decode.record(req.prefixHashes, d);
+      const maxBlocks = cluster.policy.cacheAware.maxBlocksPerRequest;
+      if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p, maxBlocks);
+      this.prefixIndex.decode.record(req.prefixHashes, d, maxBlocks);
     }
     const leaseId = req.leaseId ?? `${now.toString(36)}-${(this.nextLease++).toString(36)}`;
     const lease: NodeLease = {
@@ -294,9 +297,10 @@ export class ClusterState extends DurableObject {
     const cluster = this.cluster;
     if (!cluster) return;
     const s = cluster.health;
+    const probeWith = probeSettings(cluster);
     await Promise.all(
       cluster.nodes.map(async (n) => {
-        const ok = await probe(n.url, s.probeTimeoutMs);
+        const ok = await probe(n.url, probeWith);
         const h = this.health.get(n.id);
         if (h) onProbe(h, ok, Date.now(), s);
       }),
@@ -446,9 +450,10 @@ function newCounters(): NodeCounters {
   return { prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 };
 }
 
-async function probe(origin: string, timeoutMs: number): Promise<boolean> {
+async function probe(origin: string, { path, timeoutMs }: ProbeSettings): Promise<boolean> {
   try {
-    const res = await fetch(new URL("/health", origin), { signal: AbortSignal.timeout(timeoutMs) });
+    // a redirect is not a healthy node (and is never followed)
+    const res = await fetch(new URL(path, origin), { signal: AbortSignal.timeout(timeoutMs), redirect: "manual" });
     await res.body?.cancel();
     return res.ok;
   } catch {

@@ -24,6 +24,19 @@ describe("loadBound", () => {
     );
   });
 
+  it("adds loadSlack to every node's bound (0 is the strict rule)", () => {
+    expect(loadBound(1, 2, 0, 1.25, 4)).toBe(5); // ceil(0.625) + 4
+    expect(loadBound(2, 4, 9, 1.2, 4)).toBe(10);
+    expect(loadBound(1, 3, 5, 1, 0)).toBe(loadBound(1, 3, 5, 1));
+  });
+
+  it("with the default slack, an idle 3-node pool lets each node keep a few conversations", () => {
+    // T = 1 in flight on the top node of a key: ceil(1.25 * 2 / 3) + 4 = 5 > 1, so it takes the next turn.
+    expect(1).toBeLessThan(loadBound(1, 3, 1, 1.25, 4));
+    // the strict rule would move it (1 is not below ceil(0.83) = 1)
+    expect(1).not.toBeLessThan(loadBound(1, 3, 1, 1.25, 0));
+  });
+
   it("has no bound without weight", () => {
     expect(loadBound(1, 0, 5, 1.25)).toBe(Number.POSITIVE_INFINITY);
   });

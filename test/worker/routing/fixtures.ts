@@ -18,7 +18,9 @@ export function selection(fields: InputFields = {}): SelectionInput {
       pdGroup: "off",
       pdGroupBonus: 0.3,
       loadFactor: 1.25,
-      cacheAware: { blockChars: 512, loadFactor: 3, shareFactor: 1.1, shareHalfLife: 1000 },
+      // the strict rule (SPEC 5 with loadSlack 0), so the bounds these tests reason about are tight
+      loadSlack: 0,
+      cacheAware: { blockChars: 512, loadFactor: 3, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 },
       ...policy,
     },
     colocated: false,

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
-import { PrefixIndex } from "../../../src/routing/prefix-index";
+import { DEFAULT_MAX_BLOCKS_PER_REQUEST, PrefixIndex } from "../../../src/routing/prefix-index";
 
 const chain = (name: string, n: number) => Array.from({ length: n }, (_, i) => `${name}${i}`);
 
@@ -13,6 +13,24 @@ describe("PrefixIndex", () => {
     expect(index.match(["s", "a1", "a2", "a3", "a4"], ["n1", "n2", "n3", "n4"])).toEqual({ n1: 4, n2: 1, n3: 2, n4: 0 });
     expect(index.match(["x", "a1"], ["n1"])).toEqual({ n1: 0 });
     expect(index.match([], ["n1"])).toEqual({ n1: 0 });
+  });
+
+  it("a few huge unique prompts cannot flush the index: one request adds at most maxBlocks entries", () => {
+    const index = new PrefixIndex(1000);
+    const warm = Array.from({ length: 20 }, (_, i) => chain(`conv${i}-`, 10));
+    warm.forEach((c, i) => index.record(c, `n${i % 4}`));
+    // five 5,000-block prompts (a 10 MB body each), capped at 128 blocks a request
+    for (let i = 0; i < 5; i++) index.record(chain(`huge${i}-`, 5000), "n0", 128);
+    expect(index.size).toBe(200 + 5 * 128);
+    warm.forEach((c, i) => expect(index.match(c, [`n${i % 4}`])).toEqual({ [`n${i % 4}`]: 10 }));
+    // only the leading blocks are kept: the capped prompt matches up to its cap
+    expect(index.match(chain("huge0-", 5000), ["n0"])).toEqual({ n0: 128 });
+  });
+
+  it("caps what one request records by default (DEFAULT_MAX_BLOCKS_PER_REQUEST)", () => {
+    const index = new PrefixIndex(100_000);
+    index.record(chain("big", 10_000), "n1");
+    expect(index.size).toBe(DEFAULT_MAX_BLOCKS_PER_REQUEST);
   });
 
   it("stops a node's count at a gap even when it holds later blocks", () => {

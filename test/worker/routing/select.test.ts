@@ -98,9 +98,10 @@ describe("affinity", () => {
       steps: fc.array(fc.tuple(fc.string({ maxLength: 8 }), fc.boolean(), fc.nat()), { minLength: 1, maxLength: 80 }),
       down: fc.nat(),
       policy: fc.constantFrom<PolicyName>("affinity", "cache_aware"),
+      slack: fc.constantFrom(0, 1, 4),
     });
     fc.assert(
-      fc.property(scenario, ({ weights, loadFactor, steps, down, policy }) => {
+      fc.property(scenario, ({ weights, loadFactor, steps, down, policy, slack }) => {
         const nodes = weights.map((w, i) => node(`n${i}`, { weight: w, healthy: weights.length === 1 || i !== down % weights.length }));
         for (const [key, release, which] of steps) {
           if (release) {
@@ -115,7 +116,7 @@ describe("affinity", () => {
                 key,
                 decode: nodes,
                 // cache_aware has its own in-flight factor: give both policies the same one
-                policy: { decode: policy, loadFactor, cacheAware: { blockChars: 512, loadFactor, shareFactor: 1.1, shareHalfLife: 1000 } },
+                policy: { decode: policy, loadFactor, loadSlack: slack, cacheAware: { blockChars: 512, loadFactor, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 } },
                 prefixBlockCount: 4,
               }),
             ),
@@ -125,7 +126,7 @@ describe("affinity", () => {
           const W = live.reduce((s, n) => s + n.weight, 0);
           const chosen = nodes.find((n) => n.id === d.decode.id)!;
           expect(chosen.healthy).toBe(true);
-          expect(chosen.load).toBeLessThan(loadBound(chosen.weight, W, T, loadFactor));
+          expect(chosen.load).toBeLessThan(loadBound(chosen.weight, W, T, loadFactor, slack));
           chosen.load += 1;
         }
       }),
@@ -186,7 +187,7 @@ describe("cache_aware", () => {
 
   it("treats the in-flight bound as a hard limit", () => {
     const loaded = [node("d0"), node("d1", { load: 3 }), node("d2")]; // bound ceil(1.25*4/3) = 2
-    const d = cache({ d1: 10 }, { decode: loaded, policy: { cacheAware: { blockChars: 512, loadFactor: 1.25, shareFactor: 1.1, shareHalfLife: 1000 } } });
+    const d = cache({ d1: 10 }, { decode: loaded, policy: { cacheAware: { blockChars: 512, loadFactor: 1.25, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 } } });
     expect(d.id).not.toBe("d1");
     expect(d.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_bound");
   });
@@ -323,14 +324,31 @@ describe("pdGroup", () => {
     expect(d.decode.fallbacks.slice(0, 1).every((id) => id.startsWith("da"))).toBe(true);
   });
 
+  it("prefer keeps an idle cluster in P's group whatever the weights (load per unit of weight)", () => {
+    // The best D overall is a weight-3 node in group B; P's group has idle weight-1 nodes.
+    const heavyB = decode.map((n) => (n.group === "B" ? { ...n, weight: 3 } : n));
+    const d = decided(route("prefer", { decode: heavyB }));
+    expect(d.decode.rule).toBe("pdgroup_prefer");
+    expect(d.decode.id.startsWith("da")).toBe(true);
+    // 1 request per unit of weight in group A against 2/3 in B: 1 <= 0.67 * 1.3 fails, B wins.
+    const busier = heavyB.map((n) => (n.group === "A" ? { ...n, load: 1 } : { ...n, load: 2 }));
+    expect(decided(route("prefer", { decode: busier })).decode.id.startsWith("db")).toBe(true);
+    // 1 <= 1 * 1.3 holds: A again.
+    const even = heavyB.map((n) => (n.group === "A" ? { ...n, load: 1 } : { ...n, load: 3 }));
+    expect(decided(route("prefer", { decode: even })).decode.id.startsWith("da")).toBe(true);
+  });
+
   it("prefer keeps the best D overall when the group's D is too busy", () => {
-    const busyA = decode.map((n) => (n.group === "A" ? { ...n, load: 2 } : n));
-    // (2 + 1) > (0 + 1) * 1.3: the best D (idle, group B) wins.
+    const busyA = decode.map((n) => (n.group === "A" ? { ...n, load: 3 } : { ...n, load: 2 }));
+    // 3 per unit of weight > 2 * 1.3: the best D (group B) wins.
     const d = decided(route("prefer", { decode: busyA }));
     expect(d.decode.rule).toBe("affinity");
     expect(d.decode.id.startsWith("db")).toBe(true);
-    // A bigger bonus accepts it.
-    expect(decided(route("prefer", { decode: busyA, policy: { pdGroupBonus: 2 } })).decode.rule).toBe("pdgroup_prefer");
+    // A bigger bonus accepts it (3 <= 2 * 1.5).
+    expect(decided(route("prefer", { decode: busyA, policy: { pdGroupBonus: 0.5 } })).decode.rule).toBe("pdgroup_prefer");
+    // Against an idle best D, any load in the group is too much.
+    const idleB = decode.map((n) => (n.group === "A" ? { ...n, load: 1 } : n));
+    expect(decided(route("prefer", { decode: idleB, policy: { pdGroupBonus: 2 } })).decode.rule).toBe("affinity");
   });
 
   it("strict picks D inside P's group", () => {
