@@ -13,6 +13,7 @@ const SCENARIOS = {
   trace: () => import('./scenarios/trace.mjs').then((m) => m.runTrace),
   overhead: () => import('./scenarios/overhead.mjs').then((m) => m.runOverhead),
   groups: () => import('./scenarios/groups.mjs').then((m) => m.runGroups),
+  'do-capacity': () => import('./scenarios/do-capacity.mjs').then((m) => m.runDoCapacity),
 };
 
 const USAGE = `usage: npm run bench -- <scenario> [options]
@@ -22,6 +23,7 @@ scenarios:
   trace       --trace FILE --nodes N [--cache-blocks 5000] [--protocol colocated|vllm] [--limit K] [--concurrency 16]
   overhead    router vs direct TTFB and throughput at concurrency 1,16,64; Worker memory with 1000 slow streams
   groups      2 groups x (2P+2D), affinity; --policy lists pdGroup modes (off,prefer,strict)
+  do-capacity routed requests/s one ClusterState object sustains (route + finish), 8/64/512 nodes
   chart       --json PATH: re-draw the SVG of an earlier run
 
 common options:
@@ -34,7 +36,10 @@ common options:
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
-            --decision-prompt-chars 120000 --decision-requests 200 --no-decision`;
+            --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
+            --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,...
+do-capacity: --nodes 8,64,512 --policy round_robin,least_load,cache_aware --ops noop,route_finish[,request]
+            --seconds 5 --clients 4 --batch 64 --parallel 16`;
 
 const { scenario, options } = parseArgs(process.argv.slice(2));
 // workerd (default): the Worker in workerd via Miniflare, measuring the router and not the dev

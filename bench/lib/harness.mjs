@@ -6,7 +6,8 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startSimCluster } from '../../sim/cluster.mjs';
+import { pathToFileURL } from 'node:url';
+import * as liveSim from '../../sim/cluster.mjs';
 import { startRouter } from '../../scripts/router-process.mjs';
 
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -67,7 +68,7 @@ export function workerSnapshot() {
   // others may be half-way through editing
   const commit = process.env.BENCH_SRC && process.env.BENCH_SRC !== 'worktree' ? process.env.BENCH_SRC : undefined;
   if (commit) {
-    const archive = execFileSync('git', ['archive', '--format=tar', commit, 'src', 'wrangler.toml', 'package.json', 'tsconfig.json'], { cwd: REPO_ROOT, maxBuffer: 256 * 1024 * 1024 });
+    const archive = execFileSync('git', ['archive', '--format=tar', commit, 'src', 'sim', 'wrangler.toml', 'package.json', 'tsconfig.json'], { cwd: REPO_ROOT, maxBuffer: 256 * 1024 * 1024 });
     execFileSync('tar', ['-x', '-C', dir], { input: archive });
   }
   // bench/do-capacity-worker imports ../../src: it is built against the same copy
@@ -80,6 +81,17 @@ export function workerSnapshot() {
   snapshotInfo = { takenAt: new Date().toISOString(), ...(commit ? { commit: execFileSync('git', ['rev-parse', '--short', commit], { cwd: REPO_ROOT, encoding: 'utf8' }).trim() } : gitState()) };
   process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
   return dir;
+}
+
+/**
+ * The simulated engines: with BENCH_SRC (--src COMMIT), the sim/ of that commit too, so a run
+ * measures one consistent tree while others edit sim/.
+ * @type {(options: Parameters<typeof liveSim.startSimCluster>[0]) => ReturnType<typeof liveSim.startSimCluster>}
+ */
+export async function startSimCluster(options) {
+  const commit = process.env.BENCH_SRC && process.env.BENCH_SRC !== 'worktree';
+  const sim = commit ? /** @type {typeof liveSim} */ (await import(pathToFileURL(path.join(workerSnapshot(), 'sim', 'cluster.mjs')).href)) : liveSim;
+  return sim.startSimCluster(options);
 }
 
 /** BENCH_ROUTER_LOG=FILE appends wrangler's output there (the router logs a line a request). */
@@ -102,7 +114,7 @@ export function freePort() {
 
 /**
  * @typedef {import('../../sim/cluster.mjs').EngineSpec} EngineSpec
- * @typedef {Awaited<ReturnType<typeof startSimCluster>>} SimCluster
+ * @typedef {Awaited<ReturnType<typeof liveSim.startSimCluster>>} SimCluster
  * @typedef {Awaited<ReturnType<typeof startRouter>>} Router
  * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, close: () => Promise<void> }} Stack
  */
