@@ -1,8 +1,9 @@
 import { Hono, type Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { adminAuth } from "../auth/admin-auth";
+import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
-import { invalidateConfig } from "../config/runtime";
+import { clusterState, invalidateConfig } from "../config/runtime";
 import { parseClusterDocument, type Problem } from "../config/schema";
 import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
@@ -41,29 +42,56 @@ function invalidDocument(c: Context<AppEnv>, problems: Problem[]): Response {
   return c.json({ error: { ...errorEnvelope(err).error, problems } }, 400);
 }
 
-async function writeDocument(c: Context<AppEnv>, raw: string): Promise<Response> {
-  const parsed = parseClusterDocument(raw, defaultsOf(c.env));
-  if (!parsed.ok) return invalidDocument(c, parsed.problems);
-  await c.env.NODES.put(CONFIG_KEY, raw);
+/** Sends one edit to the Durable Object that serialises document writes, and answers for it. */
+async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Response> {
+  const result = await clusterState(c.env).editDocument({
+    edit,
+    ifMatch: c.req.header("if-match") ?? null,
+    defaults: defaultsOf(c.env),
+    selfOrigin: new URL(c.req.url).origin,
+  });
+  if (!result.ok) {
+    switch (result.kind) {
+      case "invalid":
+        return invalidDocument(c, result.problems);
+      case "precondition_failed":
+        throw new RouterError(
+          412,
+          result.version === null
+            ? "If-Match was given but no cluster document is stored; nothing was written."
+            : "The cluster document changed since the ETag given in If-Match (another edit won); nothing was written. GET /admin/nodes, re-apply the change, and retry.",
+          "invalid_request_error",
+          "precondition_failed",
+          "if-match",
+        );
+      case "no_document":
+        throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
+      case "unusable_stored_document":
+        throw new RouterError(409, "The stored cluster document is not a JSON object with a nodes list; replace it with PUT /admin/nodes first.", "invalid_request_error", "stored_document_unusable");
+      case "node_not_found":
+        throw missingNode(result.id);
+    }
+  }
   invalidateConfig();
-  console.log(JSON.stringify({ event: "config_written", requestId: c.get("requestId"), version: textVersion(raw), nodes: parsed.config.nodes.length }));
-  return c.json({ ok: true, version: textVersion(raw), nodes: parsed.config.nodes.map((n) => n.id) });
+  console.log(JSON.stringify({ event: "config_written", requestId: c.get("requestId"), version: result.version, nodes: result.nodes.length }));
+  return c.json({ ok: true, version: result.version, nodes: result.nodes }, 200, { etag: documentETag(result.raw) });
 }
 
 adminRoutes.get("/nodes", async (c) => {
   const raw = await readStored(c.env);
   if (raw === null) throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
   // Exactly as stored, even when invalid, so `curl > nodes.json`, edit, PUT round-trips.
-  return c.body(raw, 200, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store" });
+  return c.body(raw, 200, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", etag: documentETag(raw) });
 });
 
-adminRoutes.put("/nodes", async (c) => writeDocument(c, await c.req.text()));
+adminRoutes.put("/nodes", async (c) => writeDocument(c, { op: "replace", raw: await c.req.text() }));
 
 adminRoutes.get("/status", async (c) => {
   const raw = await readStored(c.env);
-  const parsed = raw === null ? null : parseClusterDocument(raw, defaultsOf(c.env));
   const problems: Problem[] =
-    raw === null ? [{ path: "(document)", message: `no cluster document in KV binding NODES at key "${CONFIG_KEY}"` }] : parsed && !parsed.ok ? parsed.problems : [];
+    raw === null
+      ? [{ path: "(document)", message: `no cluster document in KV binding NODES at key "${CONFIG_KEY}"` }]
+      : writeProblems(raw, defaultsOf(c.env), new URL(c.req.url).origin);
   const { config, snapshot } = await readClusterStatus(c.env);
   return c.json({
     document: { stored: raw !== null, valid: problems.length === 0, problems, version: raw === null ? null : textVersion(raw) },
@@ -78,25 +106,8 @@ adminRoutes.get("/status", async (c) => {
   });
 });
 
-// ---- single-node operations: read, edit one node, validate the whole result, write -------
-
-type Doc = Record<string, unknown> & { nodes: Array<Record<string, unknown>> };
-
-async function storedDocument(env: Env): Promise<Doc | null> {
-  const raw = await readStored(env);
-  if (raw === null) return null;
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch {
-    value = null;
-  }
-  const doc = value as Doc | null;
-  if (!doc || typeof doc !== "object" || Array.isArray(doc) || !Array.isArray(doc.nodes) || !doc.nodes.every((n) => n && typeof n === "object")) {
-    throw new RouterError(409, "The stored cluster document is not a JSON object with a nodes list; replace it with PUT /admin/nodes first.", "invalid_request_error", "stored_document_unusable");
-  }
-  return doc;
-}
+// ---- single-node operations: edit one node, validate the whole result, write ----------------
+// (applied by the Durable Object one at a time, so concurrent edits never lose one another)
 
 function nodeIdParam(c: Context<AppEnv>): string {
   const id = c.req.param("id") ?? "";
@@ -108,17 +119,8 @@ function missingNode(id: string): RouterError {
   return new RouterError(404, `No node "${id}" in the cluster document.`, "not_found_error", "node_not_found", "id");
 }
 
-async function editNode(c: Context<AppEnv>, edit: (doc: Doc, index: number, id: string) => void, createIfMissing = false): Promise<Response> {
-  const id = nodeIdParam(c);
-  const doc = (await storedDocument(c.env)) ?? (createIfMissing ? ({ nodes: [] } as Doc) : null);
-  if (!doc) throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
-  const index = doc.nodes.findIndex((n) => n.id === id);
-  if (index < 0 && !createIfMissing) throw missingNode(id);
-  edit(doc, index, id);
-  return writeDocument(c, JSON.stringify(doc, null, 2));
-}
-
 adminRoutes.put("/nodes/:id", async (c) => {
+  const id = nodeIdParam(c);
   let node: unknown;
   try {
     node = JSON.parse(await c.req.text());
@@ -127,30 +129,12 @@ adminRoutes.put("/nodes/:id", async (c) => {
   }
   if (!node || typeof node !== "object" || Array.isArray(node)) throw new RouterError(400, "The body must be one node as a JSON object.", "invalid_request_error", "invalid_json");
   const given = node as Record<string, unknown>;
-  const pathId = c.req.param("id");
-  if (given.id !== undefined && given.id !== pathId) throw new RouterError(400, `The node's id "${String(given.id)}" differs from the id in the path.`, "invalid_request_error", "invalid_value", "id");
-  return editNode(
-    c,
-    (doc, index, id) => {
-      const full = { ...given, id };
-      if (index >= 0) doc.nodes[index] = full;
-      else doc.nodes.push(full);
-    },
-    true,
-  );
+  if (given.id !== undefined && given.id !== id) throw new RouterError(400, `The node's id "${String(given.id)}" differs from the id in the path.`, "invalid_request_error", "invalid_value", "id");
+  return writeDocument(c, { op: "put_node", id, node: given });
 });
 
-adminRoutes.delete("/nodes/:id", (c) => editNode(c, (doc, index) => doc.nodes.splice(index, 1)));
+adminRoutes.delete("/nodes/:id", (c) => writeDocument(c, { op: "delete_node", id: nodeIdParam(c) }));
 
-adminRoutes.post("/nodes/:id/drain", (c) =>
-  editNode(c, (doc, index) => {
-    doc.nodes[index]!.drain = true;
-  }),
-);
+adminRoutes.post("/nodes/:id/drain", (c) => writeDocument(c, { op: "drain_node", id: nodeIdParam(c), drain: true }));
 
-adminRoutes.post("/nodes/:id/undrain", (c) =>
-  editNode(c, (doc, index) => {
-    // drain defaults to false: dropping the field keeps the document minimal
-    delete doc.nodes[index]!.drain;
-  }),
-);
+adminRoutes.post("/nodes/:id/undrain", (c) => writeDocument(c, { op: "drain_node", id: nodeIdParam(c), drain: false }));

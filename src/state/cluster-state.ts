@@ -1,4 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
+import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
 import type { CandidateNode, Role } from "../routing/types";
@@ -88,6 +89,7 @@ export class ClusterState extends DurableObject {
   /** leases released before their route call arrived (client gone mid-call): never taken */
   private readonly released = new Map<string, number>();
   private lastSweep = 0;
+  private readonly documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
 
   constructor(ctx: DurableObjectState, env: unknown) {
     super(ctx, env as never);
@@ -220,6 +222,11 @@ export class ClusterState extends DurableObject {
       if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
     }
     if (leaseId && !this.release(leaseId)) this.remember(this.released, leaseId, now + LEASE_TTL_MS, 10_000);
+  }
+
+  /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
+  editDocument(req: DocumentEditRequest): Promise<DocumentEditResult> {
+    return this.documentEditor.run(req);
   }
 
   /** Keeps the last valid document text, so a new isolate can serve it while KV holds a bad one. */

@@ -13,6 +13,7 @@ const doc = () => ({
 });
 
 const storedText = () => env.NODES.get("nodes");
+const stored = async () => JSON.parse((await storedText())!);
 
 describe("admin API: authentication", () => {
   it("refuses a missing or wrong admin token with a 401 envelope that does not echo the token", async () => {
@@ -134,8 +135,6 @@ describe("admin API: single-node operations keep the rest intact", () => {
     await putRawCluster(JSON.stringify(doc()));
   });
 
-  const stored = async () => JSON.parse((await storedText())!);
-
   it("PUT /admin/nodes/:id adds a node, then replaces it", async () => {
     let res = await admin("/admin/nodes/d1", { method: "PUT", body: JSON.stringify({ url: engineUrl("d1"), role: "decode", group: "rack-b" }) });
     expect(res.status).toBe(200);
@@ -158,12 +157,15 @@ describe("admin API: single-node operations keep the rest intact", () => {
     expect(await storedText()).toBe(before);
   });
 
-  it("DELETE removes one node; removing the last one is refused", async () => {
+  it("DELETE removes one node; removing the last prefill node of a vllm cluster is refused", async () => {
+    expect((await admin("/admin/nodes/p1", { method: "PUT", body: JSON.stringify({ url: engineUrl("p1"), role: "prefill" }) })).status).toBe(200);
     expect((await admin("/admin/nodes/p0", { method: "DELETE" })).status).toBe(200);
-    expect((await stored()).nodes.map((n: any) => n.id)).toEqual(["d0"]);
-    const res = await admin("/admin/nodes/d0", { method: "DELETE" });
+    expect((await stored()).nodes.map((n: any) => n.id)).toEqual(["d0", "p1"]);
+    const res = await admin("/admin/nodes/p1", { method: "DELETE" });
     expect(res.status).toBe(400);
-    expect(((await res.json()) as any).error.message).toContain("nodes");
+    const error = ((await res.json()) as any).error;
+    expect(error.param).toBe("nodes");
+    expect(error.message).toContain("prefill-capable");
     expect((await admin("/admin/nodes/nope", { method: "DELETE" })).status).toBe(404);
   });
 
@@ -181,5 +183,68 @@ describe("admin API: single-node operations keep the rest intact", () => {
     const res = await admin("/admin/nodes/d0/drain", { method: "POST" });
     expect(res.status).toBe(409);
     expect(await storedText()).toBe("not json");
+  });
+});
+
+describe("admin API: no lost updates (ETag / If-Match, serialised single-node edits)", () => {
+  beforeEach(async () => {
+    await putRawCluster(JSON.stringify(doc()));
+  });
+
+  it("GET returns an ETag of the stored text; PUT with a current If-Match writes, a stale one answers 412 and writes nothing", async () => {
+    const got = await admin("/admin/nodes");
+    const etag = got.headers.get("etag");
+    expect(etag).toMatch(/^"[0-9a-f]+"$/);
+    const text = await got.text();
+    const edited = JSON.stringify({ ...JSON.parse(text), policy: { prefill: "least_load", decode: "least_load" } });
+    const ok = await admin("/admin/nodes", { method: "PUT", body: edited, headers: { "if-match": etag! } });
+    expect(ok.status).toBe(200);
+    const newTag = ok.headers.get("etag");
+    expect(newTag).not.toBe(etag);
+    expect((await admin("/admin/nodes")).headers.get("etag")).toBe(newTag);
+    // a second editor still holding the first ETag loses, with a 412 envelope
+    const stale = await admin("/admin/nodes", { method: "PUT", body: JSON.stringify(doc()), headers: { "if-match": etag! } });
+    expect(stale.status).toBe(412);
+    const body = (await stale.json()) as any;
+    expect(body.error).toMatchObject({ code: "precondition_failed", param: "if-match" });
+    expect(await storedText()).toBe(edited);
+    // If-Match: * only needs a document to exist
+    expect((await admin("/admin/nodes", { method: "PUT", body: edited, headers: { "if-match": "*" } })).status).toBe(200);
+  });
+
+  it("single-node edits honour If-Match too", async () => {
+    const etag = (await admin("/admin/nodes")).headers.get("etag")!;
+    await putRawCluster(JSON.stringify({ ...doc(), policy: { prefill: "affinity", decode: "affinity" } })); // someone else wrote
+    const res = await admin("/admin/nodes/d0/drain", { method: "POST", headers: { "if-match": etag } });
+    expect(res.status).toBe(412);
+    expect((await stored()).nodes[1].drain).toBeUndefined();
+  });
+
+  it("10 concurrent single-node PUTs all survive (or a loser gets a non-2xx)", async () => {
+    const ids = Array.from({ length: 10 }, (_, i) => `x${i}`);
+    const results = await Promise.all(
+      ids.map((id, i) => admin(`/admin/nodes/${id}`, { method: "PUT", body: JSON.stringify({ url: `http://10.9.0.${i + 1}:8000`, role: "decode" }) })),
+    );
+    const ok = ids.filter((_, i) => results[i]!.status === 200);
+    const now = (await stored()).nodes.map((n: any) => n.id);
+    for (const id of ok) expect(now).toContain(id);
+    expect(ok).toEqual(ids); // serialised: nobody needs to lose
+    expect(now).toEqual(["p0", "d0", ...ids]);
+  });
+});
+
+describe("admin API: a node may not point at the router itself", () => {
+  it("PUT refuses a node whose URL is the router's own origin, naming the field", async () => {
+    await putRawCluster(JSON.stringify(doc()));
+    const before = await storedText();
+    // the tests reach the Worker as http://router
+    const looped = { ...doc(), nodes: [...doc().nodes, { id: "d9", url: "http://router", role: "decode" }] };
+    const res = await admin("/admin/nodes", { method: "PUT", body: JSON.stringify(looped) });
+    expect(res.status).toBe(400);
+    const body = (await res.json()) as any;
+    expect(body.error.problems).toEqual([{ path: "nodes[2].url", message: expect.stringContaining("router's own origin") }]);
+    const single = await admin("/admin/nodes/d9", { method: "PUT", body: JSON.stringify({ url: "http://router:80", role: "decode" }) });
+    expect(single.status).toBe(400);
+    expect(await storedText()).toBe(before);
   });
 });
