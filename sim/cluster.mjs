@@ -2,9 +2,9 @@
 // SGLang rendezvous), plus a control HTTP server so tests running inside workerd, which can
 // only speak HTTP, can read what engines received and inject faults.
 import http from 'node:http';
-import { createRegistry, sendJson, startEngine } from './engine.mjs';
+import { TUNABLE_OPTIONS, createRegistry, expectedPrefix, promptDigest, sendJson, startEngine } from './engine.mjs';
 
-export { createRegistry, startEngine };
+export { createRegistry, expectedPrefix, promptDigest, startEngine };
 
 /**
  * @typedef {import('./engine.mjs').Engine} Engine
@@ -74,9 +74,18 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       registry.rooms.clear();
       registry.prefills.clear();
       registry.claimedRooms.clear();
+      registry.handles.clear();
+      registry.transfers.clear();
       return [200, { ok: true }];
     }
-    const m = /^\/engines\/([^/]+)\/(stats|request-stats|requests|fault|stop|start|reset)$/.exec(path);
+    if (method === 'POST' && path === '/options') {
+      // tunable engine options for every engine (timeouts, graces, health mode...): see engine.mjs
+      const parsed = parseOptions(raw);
+      if (typeof parsed === 'string') return bad(400, parsed);
+      for (const e of engines.values()) e.setOptions(parsed);
+      return [200, { ok: true }];
+    }
+    const m = /^\/engines\/([^/]+)\/(stats|request-stats|requests|fault|options|stop|start|reset)$/.exec(path);
     if (!m) return bad(404, `no route ${method} ${path}`);
     const engine = engines.get(decodeURIComponent(m[1]));
     if (!engine) return bad(404, `no engine ${m[1]}`);
@@ -84,6 +93,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
     if (method === 'GET' && action === 'stats') return [200, engine.stats()];
     if (method === 'GET' && action === 'requests') return [200, engine.requests()];
     if (method === 'GET' && action === 'request-stats') return [200, engine.requestStats()];
+    if (method === 'GET' && action === 'options') return [200, { mooncakeEngineId: engine.mooncakeEngineId, bootstrapPort: engine.bootstrapPort }];
     if (method !== 'POST') return bad(405, `${method} not allowed on ${path}`);
     switch (action) {
       case 'fault': {
@@ -103,6 +113,12 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
         engine.setFault(fault);
         return [200, { ok: true }];
       }
+      case 'options': {
+        const parsed = parseOptions(raw);
+        if (typeof parsed === 'string') return bad(400, parsed);
+        engine.setOptions(parsed);
+        return [200, { ok: true }];
+      }
       case 'stop':
         await engine.stop();
         return [200, { ok: true, running: false }];
@@ -115,6 +131,23 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       default:
         return bad(405, `${method} not allowed on ${path}`);
     }
+  }
+
+  /** @param {string} raw @returns {Record<string, number | boolean> | string} */
+  function parseOptions(raw) {
+    let o;
+    try {
+      o = raw.trim() === '' ? {} : JSON.parse(raw);
+    } catch {
+      return 'options body is not valid JSON';
+    }
+    if (!o || typeof o !== 'object' || Array.isArray(o)) return 'options must be an object';
+    for (const [k, v] of Object.entries(o)) {
+      if (!TUNABLE_OPTIONS.includes(k)) return `unknown option ${k}; tunable: ${TUNABLE_OPTIONS.join(', ')}`;
+      if (typeof v !== 'number' && typeof v !== 'boolean') return `option ${k} must be a number or a boolean`;
+      if (typeof v === 'number' && !(v >= 0)) return `option ${k} must be >= 0`;
+    }
+    return o;
   }
 
   await new Promise((resolve, reject) => {

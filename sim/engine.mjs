@@ -3,6 +3,7 @@
 // keeps a prefix cache, so the router and the benchmark can be measured without GPUs.
 import http from 'node:http';
 import { setTimeout as sleepReal } from 'node:timers/promises';
+import { createHash, randomUUID } from 'node:crypto';
 import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
 
 /**
@@ -29,6 +30,19 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
  * @property {number} [bootstrapPort] SGLang bootstrap port this engine answers to, default its HTTP port
  * @property {number} [bootstrapTimeoutMs] real ms an SGLang decode leg waits for its prefill, default 30000
  * @property {number} [sampleCap] max samples kept per array, default 100000
+ * @property {number} [kvHoldTimeoutMs] real ms a vLLM P holds the blocks of a handle no D read,
+ *   default 480000 (VLLM_NIXL_ABORT_REQUEST_TIMEOUT; current vLLM main: 30 s lease, see docs/engines.md)
+ * @property {boolean} [rejectionReleasesHandle] a vLLM D that rejects a request carrying a handle
+ *   before admission notifies P, which frees it (vLLM >= 0.21, PR #41269), default true
+ * @property {boolean} [promptTokensDetails] report prompt_tokens_details (vLLM --enable-prompt-tokens-details), default true
+ * @property {number} [sglangAbortGraceMs] real ms before an SGLang P aborts a non-streamed request whose
+ *   client left (TokenizerManager._wait_one_response polls is_disconnected every 4 s), default 4000
+ * @property {number} [sglangStreamAbortGraceMs] the same for stream:true (Starlette sees the disconnect at once), default 50
+ * @property {boolean} [healthGenerate] GET /health runs a one-token generation queued behind prefills,
+ *   as SGLang's does (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION), default false (vLLM's cheap /health)
+ * @property {boolean} [rejectDuplicateRequestIds] a second in-flight vLLM request with the same
+ *   x-request-id gets 400 "Request id ... already running.", default true
+ * @property {string} [mooncakeEngineId] the engine id P's Mooncake bootstrap /query reports, default random
  * @property {Registry} [registry] shared with the other engines of a cluster
  */
 
@@ -41,19 +55,29 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
  * @property {Map<string, Set<(entry: RoomEntry) => void>>} roomWaiters
  * @property {Map<string, { queueMs: number, prefillMs: number }>} prefills
  * @property {Map<string, true>} claimedRooms `engineId/room` taken as a prefill leg by a `both` engine
+ * @property {Map<string, HeldKv>} handles vLLM KV handles by `remote_engine_id/remote_request_id` (and Mooncake transfers by `mc/engine/transfer_id`)
+ * @property {Map<string, TransferEntry>} transfers Mooncake prefills by `engineId/transfer_id`
+ * @property {Map<string, Set<(entry: TransferEntry) => void>>} transferWaiters
  *
- * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number }} RoomEntry
+ * @typedef {{ key: string, engineId: string, digest: string, blocks: number, state: 'held' | 'read' | 'released' | 'expired', free: (how: 'read' | 'released' | 'expired') => void }} HeldKv
+ * @typedef {{ engineId: string, mooncakeEngineId: string, hashes: string[], digest: string, queueMs: number, prefillMs: number }} TransferEntry
+ *
+ * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number, digest?: string, aborted?: boolean }} RoomEntry
  */
 
 const MAX_LOG = 500;
 const MAX_REMEMBERED = 10000;
 /** per-request figures kept per engine (keyed by x-request-id), oldest dropped first */
 const MAX_REQUEST_STATS = 50000;
+/**
+ * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds'>} TunableOptions
+ */
+export const TUNABLE_OPTIONS = ['timeScale', 'prefillMsPerToken', 'transferMsPerBlock', 'decodeBaseMs', 'kvHoldTimeoutMs', 'rejectionReleasesHandle', 'promptTokensDetails', 'sglangAbortGraceMs', 'sglangStreamAbortGraceMs', 'healthGenerate', 'rejectDuplicateRequestIds'];
 const FILLER = 'the quick brown fox jumps over a lazy dog while seven bright stars drift across calm northern water'.split(' ');
 
 /** @returns {Registry} */
 export function createRegistry() {
-  return { engines: new Map(), rooms: new Map(), roomWaiters: new Map(), prefills: new Map(), claimedRooms: new Map() };
+  return { engines: new Map(), rooms: new Map(), roomWaiters: new Map(), prefills: new Map(), claimedRooms: new Map(), handles: new Map(), transfers: new Map(), transferWaiters: new Map() };
 }
 
 /** @template K, V @param {Map<K, V>} map @param {K} key @param {V} value */
@@ -64,7 +88,7 @@ function remember(map, key, value) {
 
 function emptyStats() {
   return {
-    requests: { total: 0, vllmPrefill: 0, vllmDecode: 0, sglangPrefill: 0, sglangDecode: 0, colocated: 0 },
+    requests: { total: 0, vllmPrefill: 0, vllmDecode: 0, sglangPrefill: 0, sglangDecode: 0, mooncakePrefill: 0, mooncakeDecode: 0, colocated: 0 },
     promptTokens: 0,
     cachedTokens: 0,
     blocksLookedUp: 0,
@@ -80,6 +104,26 @@ function emptyStats() {
     faultsInjected: 0,
     errors: 0,
     clientAborts: 0,
+    /** P: handles issued (one per prompt and per sample; only the first is returned) */
+    issuedHandles: 0,
+    /** P: handles freed because their first D read them */
+    consumedHandles: 0,
+    /** P: handles freed by a D's rejection notification (the release mechanism) */
+    releasedHandles: 0,
+    /** P: handles freed by kvHoldTimeoutMs */
+    expiredHandles: 0,
+    /** D: reads of an unknown, already read, released or expired handle (answered 200, wrong text) */
+    staleHandleReads: 0,
+    /** D: reads of a live handle made for another prompt (batch prompts 2..N; answered 200, wrong text) */
+    foreignHandleReads: 0,
+    /** D: requests rejected before admission that carried a handle (404 model, missing prompt) */
+    rejectedHandleRequests: 0,
+    /** requests refused because the same x-request-id was in flight here */
+    duplicateRequestIds: 0,
+    /** SGLang P: requests aborted because their client left before the prefill ended */
+    sglangAborts: 0,
+    /** /health calls that ran a generation */
+    healthGenerations: 0,
     outputTokens: 0,
     /** @type {number[]} */ ttftMs: [],
     /** @type {number[]} */ itlMs: [],
@@ -123,6 +167,8 @@ function emptyStats() {
  * @property {() => Record<string, RequestStats>} requestStats figures per x-request-id
  * @property {() => void} reset
  * @property {(f: Fault) => void} setFault
+ * @property {(o: Partial<TunableOptions>) => void} setOptions change tunable options at run time (kept across reset)
+ * @property {string} mooncakeEngineId
  * @property {() => Promise<void>} stop
  * @property {() => Promise<void>} start
  * @property {() => Promise<void>} close
@@ -134,7 +180,7 @@ function emptyStats() {
  * @returns {Promise<Engine>}
  */
 export async function startEngine(options) {
-  const {
+  let {
     id,
     role,
     host = '127.0.0.1',
@@ -150,12 +196,69 @@ export async function startEngine(options) {
     transferInterferenceMs = 20,
     bootstrapTimeoutMs = 30000,
     sampleCap = 100000,
+    kvHoldTimeoutMs = 480000,
+    rejectionReleasesHandle = true,
+    promptTokensDetails = true,
+    sglangAbortGraceMs = 4000,
+    sglangStreamAbortGraceMs = 50,
+    healthGenerate = false,
+    rejectDuplicateRequestIds = true,
+    mooncakeEngineId = `vllm-${randomUUID()}`,
     registry = createRegistry(),
   } = options;
   if (!id) throw new TypeError('engine id is required');
   if (!['prefill', 'decode', 'both'].includes(role)) throw new TypeError(`bad role ${role}`);
 
+  /** @param {Partial<TunableOptions>} o */
+  function setOptions(o) {
+    if (o.timeScale !== undefined) timeScale = o.timeScale;
+    if (o.prefillMsPerToken !== undefined) prefillMsPerToken = o.prefillMsPerToken;
+    if (o.transferMsPerBlock !== undefined) transferMsPerBlock = o.transferMsPerBlock;
+    if (o.decodeBaseMs !== undefined) decodeBaseMs = o.decodeBaseMs;
+    if (o.kvHoldTimeoutMs !== undefined) kvHoldTimeoutMs = o.kvHoldTimeoutMs;
+    if (o.rejectionReleasesHandle !== undefined) rejectionReleasesHandle = o.rejectionReleasesHandle;
+    if (o.promptTokensDetails !== undefined) promptTokensDetails = o.promptTokensDetails;
+    if (o.sglangAbortGraceMs !== undefined) sglangAbortGraceMs = o.sglangAbortGraceMs;
+    if (o.sglangStreamAbortGraceMs !== undefined) sglangStreamAbortGraceMs = o.sglangStreamAbortGraceMs;
+    if (o.healthGenerate !== undefined) healthGenerate = o.healthGenerate;
+    if (o.rejectDuplicateRequestIds !== undefined) rejectDuplicateRequestIds = o.rejectDuplicateRequestIds;
+  }
   const cache = new PrefixCache(cacheBlocks);
+  /** KV blocks this P holds for handles no D has read yet, by handle key */
+  /** @type {Map<string, HeldKv>} */
+  const held = new Map();
+  /** x-request-ids of the requests in flight here */
+  /** @type {Set<string>} */
+  const inflightIds = new Set();
+  let internalCounter = 0;
+
+  /**
+   * Hold the blocks of a prefill until a D reads them, a D's rejection releases them, or the
+   * timeout passes (vllm nixl/scheduler.py request_finished: delay_free_blocks and
+   * _reqs_need_send[req] = now + VLLM_NIXL_ABORT_REQUEST_TIMEOUT; freed on the read notification).
+   * @param {string} key @param {string} digest @param {number} blocks
+   */
+  function holdKv(key, digest, blocks) {
+    stats.issuedHandles++;
+    /** @type {HeldKv} */
+    const entry = {
+      key, engineId: id, digest, blocks, state: 'held',
+      free(how) {
+        if (entry.state !== 'held') return;
+        entry.state = how;
+        clearTimeout(timer);
+        held.delete(key);
+        if (how === 'read') stats.consumedHandles++;
+        else if (how === 'released') stats.releasedHandles++;
+        else stats.expiredHandles++;
+      },
+    };
+    const timer = setTimeout(() => entry.free('expired'), kvHoldTimeoutMs);
+    timer.unref?.();
+    held.set(key, entry);
+    remember(registry.handles, key, entry);
+    return entry;
+  }
   let stats = emptyStats();
   /** @type {RequestLogEntry[]} */
   let log = [];
@@ -301,18 +404,19 @@ export async function startEngine(options) {
    * Generate tokens, streaming them (one flushed SSE event per token) or as one JSON body.
    * @param {http.ServerResponse} res
    * @param {Ctx} ctx
-   * @param {{ outputTokens: number, beforeFirstMs: number, usage: object, recordLatency: boolean, clock: { debt: number } }} gen
+   * The first word of each choice is a digest of the prompt whose KV the answer was computed on
+   * (`promptDigest`), so a test can tell an answer that belongs to another prompt.
+   * @param {{ outputTokens: number, beforeFirstMs: number, usage: object, recordLatency: boolean, clock: { debt: number }, digests: string[] }} gen
    */
   async function generate(res, ctx, gen) {
     const { chat, stream, model } = ctx;
     const idStr = `${chat ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
     const created = Math.floor(Date.now() / 1000);
-    const words = [];
     let chunksSent = 0;
-    if (stream) {
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
-      res.flushHeaders();
-    }
+    if (stream) sseHeaders(res);
+    const choicesN = gen.digests.length;
+    /** @type {string[][]} */
+    const texts = gen.digests.map(() => []);
     decodingNow++;
     let decodeMs = 0;
     let firstStepMs = 0;
@@ -327,16 +431,20 @@ export async function startEngine(options) {
           decodeMs += stepMs;
           if (gen.recordLatency) sample(stats.itlMs, stepMs);
         }
-        const word = (i === 0 ? '' : ' ') + FILLER[(i + completionCounter) % FILLER.length];
-        words.push(word);
-        stats.outputTokens++;
-        if (stream) {
+        let data = '';
+        for (let c = 0; c < choicesN; c++) {
+          const word = i === 0 ? gen.digests[c] : ' ' + FILLER[(i + completionCounter) % FILLER.length];
+          texts[c].push(word);
+          stats.outputTokens++;
+          if (!stream) continue;
           const last = i === gen.outputTokens - 1;
           const finish = last ? 'length' : null;
           const chunk = chat
-            ? { id: idStr, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }] }
-            : { id: idStr, object: 'text_completion', created, model, choices: [{ index: 0, text: word, logprobs: null, finish_reason: finish }] };
-          const data = `data: ${JSON.stringify(chunk)}\n\n`;
+            ? { id: idStr, object: 'chat.completion.chunk', created, model, choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }] }
+            : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: word, logprobs: null, finish_reason: finish }] };
+          data += `data: ${JSON.stringify(chunk)}\n\n`;
+        }
+        if (stream) {
           chunksSent++;
           if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
             // let the chunks reach the client first, so it sees a stream that breaks, not none
@@ -364,10 +472,9 @@ export async function startEngine(options) {
       res.end('data: [DONE]\n\n');
       return;
     }
-    const text = words.join('');
     const body = chat
-      ? { id: idStr, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: 'length' }], usage: gen.usage }
-      : { id: idStr, object: 'text_completion', created, model, choices: [{ index: 0, text, logprobs: null, finish_reason: 'length' }], usage: gen.usage };
+      ? { id: idStr, object: 'chat.completion', created, model, choices: texts.map((t, c) => ({ index: c, message: { role: 'assistant', content: t.join('') }, logprobs: null, finish_reason: 'length' })), usage: gen.usage }
+      : { id: idStr, object: 'text_completion', created, model, choices: texts.map((t, c) => ({ index: c, text: t.join(''), logprobs: null, finish_reason: 'length' })), usage: gen.usage };
     const json = JSON.stringify(body);
     if (ctx.destroyAfterChunks !== undefined) {
       // midstream on a non-stream answer: half a body, then the connection dies
@@ -382,12 +489,55 @@ export async function startEngine(options) {
   }
 
   /**
-   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, destroyedByUs: boolean, closed: boolean }} Ctx
+   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
    */
+
+  /** @param {string | number[]} q */
+  function tokensOf(q) {
+    return typeof q === 'string' ? Math.ceil(q.length / charsPerToken) : q.length;
+  }
+
+  /**
+   * A prefill leg's JSON answer: one token a prompt (each the prompt's digest), plus the handle.
+   * @param {Ctx} ctx @param {(string | number[])[]} prompts @param {object} usage @param {Record<string, unknown> | null | undefined} params
+   */
+  function prefillAnswer(ctx, prompts, usage, params) {
+    const idStr = `${ctx.chat ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
+    return {
+      id: idStr,
+      object: ctx.chat ? 'chat.completion' : 'text_completion',
+      created: Math.floor(Date.now() / 1000),
+      model: ctx.model,
+      choices: prompts.map((q, index) => {
+        const word = promptDigest(q);
+        return ctx.chat ? { index, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' } : { index, text: word, logprobs: null, finish_reason: 'length' };
+      }),
+      usage,
+      kv_transfer_params: params,
+    };
+  }
+
+  /**
+   * SGLang-style /health: a one-token generation that waits behind the prefills queued here
+   * (sglang srt/entrypoints/http_server.py health_generate; GET /health takes this path unless
+   * SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off). SGLang returns early when any other request
+   * produced output meanwhile; the simulator does not model that shortcut.
+   */
+  async function healthGeneration() {
+    stats.healthGenerations++;
+    const clock = { debt: 0 };
+    await prefillLocal([], 1, clock);
+    await simSleep(clock, decodeBaseMs);
+  }
 
   /** @param {number} promptTokens @param {number} completionTokens @param {number} cachedTokens */
   function usageOf(promptTokens, completionTokens, cachedTokens) {
-    return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens, prompt_tokens_details: { cached_tokens: cachedTokens } };
+    // vllm serving_completion.py / serving_chat.py: `if self.enable_prompt_tokens_details and
+    // final_res.num_cached_tokens:` — the field is left out when the count is 0 (or the flag is off).
+    /** @type {Record<string, unknown>} */
+    const usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+    if (promptTokensDetails && cachedTokens > 0) usage.prompt_tokens_details = { cached_tokens: cachedTokens };
+    return usage;
   }
 
   /** @param {http.IncomingMessage} req @param {http.ServerResponse} res @param {string} path */
@@ -399,6 +549,7 @@ export async function startEngine(options) {
     res.on('close', () => {
       inflight--;
       ctx.closed = true;
+      ctx.onClose?.();
       if (!res.writableFinished && !ctx.destroyedByUs) stats.clientAborts++;
     });
     const raw = await readBody(req);
@@ -453,11 +604,29 @@ export async function startEngine(options) {
     if (!body || typeof body !== 'object' || Array.isArray(body)) {
       return sendError(res, 400, 'request body must be a JSON object', 'invalid_request_error');
     }
+    // A request carrying a handle that D rejects before admission makes D notify P, which frees
+    // the blocks at once: vllm entrypoints/openai/engine/serving.py
+    // _with_kv_transfer_rejection_cleanup -> AsyncLLM.notify_kv_transfer_request_rejected ->
+    // nixl/scheduler.py request_finished (do_remote_prefill still set: _reqs_need_recv[req] = [])
+    // -> worker _read_blocks with no local blocks -> send_notif. Framework-level rejections (bad
+    // JSON) happen before that wrapper and notify nobody.
+    const rejectBeforeAdmission = (/** @type {number} */ status, /** @type {string} */ message, /** @type {string | null} */ code = null) => {
+      const kvr = body.kv_transfer_params;
+      if (kvr && typeof kvr === 'object' && kvr.do_remote_prefill === true) {
+        stats.rejectedHandleRequests++;
+        const key = kvr.transfer_id !== undefined ? undefined : `${kvr.remote_engine_id}/${kvr.remote_request_id}`;
+        const h = key === undefined ? undefined : registry.handles.get(key);
+        if (h && rejectionReleasesHandle) h.free('released');
+      }
+      return sendError(res, status, message, 'invalid_request_error', code);
+    };
     if (typeof body.model === 'string' && !models.includes(body.model)) {
-      return sendError(res, 404, `The model \`${body.model}\` does not exist.`, 'invalid_request_error', 'model_not_found');
+      return rejectBeforeAdmission(404, `The model \`${body.model}\` does not exist.`, 'model_not_found');
     }
     const prompt = promptOf(body, ctx.chat);
-    if (!prompt) return sendError(res, 400, ctx.chat ? 'messages is required' : 'prompt is required', 'invalid_request_error');
+    if (!prompt) return rejectBeforeAdmission(400, ctx.chat ? 'messages is required' : 'prompt is required');
+    const prompts = promptsOf(body, ctx.chat);
+    const digest = promptDigest(prompt);
     ctx.model = typeof body.model === 'string' ? body.model : models[0];
     ctx.stream = body.stream === true;
     ctx.includeUsage = ctx.stream && body.stream_options?.include_usage === true;
@@ -470,6 +639,18 @@ export async function startEngine(options) {
     const clock = { debt: 0 };
     const kv = body.kv_transfer_params;
     const requestId = entry.headers['x-request-id'];
+    const isRoom = Boolean(roomMatch && body.bootstrap_room !== undefined && body.bootstrap_room !== null);
+    // vLLM keys its request state by the X-Request-Id it is given (serving_completion.py
+    // _base_request_id); a second one in flight is refused: vllm v1/engine/output_processor.py
+    // OutputProcessor.add_request "Request id ... already running." (SGLang legs are keyed by room.)
+    if (requestId && !isRoom && rejectDuplicateRequestIds) {
+      if (inflightIds.has(requestId)) {
+        stats.duplicateRequestIds++;
+        return sendError(res, 400, `Request id ${requestId} already running.`, 'invalid_request_error');
+      }
+      inflightIds.add(requestId);
+      res.on('close', () => inflightIds.delete(requestId));
+    }
     /** @type {Partial<RequestStats>} */
     const rec = {};
     if (requestId) {
@@ -479,7 +660,7 @@ export async function startEngine(options) {
     }
 
     try {
-      if (roomMatch && body.bootstrap_room !== undefined && body.bootstrap_room !== null) {
+      if (isRoom) {
         const room = entry.bootstrapRoom ?? '';
         const bHost = String(body.bootstrap_host ?? '');
         const bPort = Number(body.bootstrap_port);
@@ -493,9 +674,35 @@ export async function startEngine(options) {
             violation(`sglang prefill leg names bootstrap ${bHost}:${bPort}, this node is ${host}:${engine.bootstrapPort}`);
           }
           rec.leg = 'sglangPrefill';
+          // SGLang answers stream:true with a StreamingResponse at once (sglang
+          // entrypoints/openai/serving_chat.py / serving_completions.py), so headers go out before
+          // the prefill; the body follows when the first token exists.
+          if (ctx.stream) sseHeaders(res);
+          // A client that leaves makes SGLang abort the request (stream: Starlette sees the
+          // disconnect, StreamingResponse background = tokenizer_manager.create_abort_task; non-stream:
+          // TokenizerManager._wait_one_response checks request.is_disconnected() every 4 s) ->
+          // AbortReq; the prefill's sender fails the room and D reports
+          // "KVTransferError(bootstrap_room=...): Aborted by AbortReq" (sglang srt/disaggregation/prefill.py, decode.py).
+          let done = false;
+          let aborted = false;
+          /** @type {NodeJS.Timeout | undefined} */
+          let abortTimer;
+          ctx.onClose = () => {
+            if (done) return;
+            abortTimer = setTimeout(() => {
+              if (done) return;
+              aborted = true;
+              stats.sglangAborts++;
+              publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: [], queueMs: 0, prefillMs: 0, aborted: true });
+            }, ctx.stream ? sglangStreamAbortGraceMs : sglangAbortGraceMs);
+            abortTimer.unref?.();
+          };
           const p = await prefillLocal(hashes, tokens, clock, rec);
-          publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs });
-          return await generate(res, ctx, { outputTokens: 1, beforeFirstMs: 0, usage: usageOf(tokens, 1, p.cachedTokens), recordLatency: false, clock });
+          done = true;
+          clearTimeout(abortTimer);
+          if (aborted) return;
+          publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs, digest });
+          return await generate(res, ctx, { outputTokens: 1, beforeFirstMs: 0, usage: usageOf(tokens, 1, p.cachedTokens), recordLatency: false, clock, digests: prompts.map(promptDigest) });
         }
         stats.requests.sglangDecode++;
         const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
@@ -504,6 +711,15 @@ export async function startEngine(options) {
           stats.errors++;
           return sendError(res, 504, `bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
         }
+        if (found.aborted) {
+          stats.errors++;
+          const message = `KVTransferError(bootstrap_room=${room}): Aborted by AbortReq`;
+          if (!ctx.stream) return sendError(res, 500, message, 'InternalServerError');
+          // sglang serving_*: the stream generator yields create_streaming_error_response(...)
+          sseHeaders(res);
+          res.end(`data: ${JSON.stringify({ error: { message, type: 'InternalServerError', param: null, code: 500 } })}\n\ndata: [DONE]\n\n`);
+          return;
+        }
         if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
           violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
           stats.errors++;
@@ -511,10 +727,75 @@ export async function startEngine(options) {
         }
         rec.leg = 'sglangDecode';
         const t = await pullBlocks(hashes, tokens, found.engineId, clock, rec);
-        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
+        const kvDigest = found.digest ?? digest;
+        if (kvDigest !== digest) stats.foreignHandleReads++;
+        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))) });
       }
 
-      if (kv && typeof kv === 'object' && kv.do_remote_decode === true) {
+      // vLLM MooncakeConnector flow (vllm examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py,
+      // kv_connector/v1/mooncake/mooncake_connector.py): a router-made transfer_id on both legs.
+      if (kv && typeof kv === 'object' && kv.transfer_id !== undefined && kv.do_remote_decode === true) {
+        stats.requests.mooncakePrefill++;
+        rec.leg = 'mooncakePrefill';
+        const p = await prefillLocal(hashes, tokens, clock, rec);
+        if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
+        const transferId = String(kv.transfer_id);
+        if (!kv.transfer_id) {
+          // update_state_after_alloc: "Missing transfer_id in kv_transfer_params from router!" — never sent
+          violation('mooncake prefill leg without transfer_id');
+        } else {
+          // request_finished: delay_free_blocks until D pulls (the worker frees on the send's end)
+          holdKv(`mc/${id}/${transferId}`, digest, Math.ceil(tokens / blockTokens));
+          publishTransfer(registry, `${id}/${transferId}`, { engineId: id, mooncakeEngineId, hashes, digest, queueMs: p.queueMs, prefillMs: p.prefillMs });
+        }
+        stats.outputTokens++;
+        // request_finished returns (delay_free, None): P's answer carries no kv_transfer_params
+        return sendJson(res, 200, prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), null));
+      }
+      if (kv && typeof kv === 'object' && kv.transfer_id !== undefined && kv.do_remote_prefill === true) {
+        stats.requests.mooncakeDecode++;
+        rec.leg = 'mooncakeDecode';
+        const missing = ['remote_engine_id', 'remote_bootstrap_addr', 'transfer_id'].filter((f) => kv[f] === undefined || kv[f] === null || kv[f] === '');
+        if (missing.length === 0) {
+          let source;
+          try {
+            const u = new URL(String(kv.remote_bootstrap_addr));
+            source = [...registry.engines.values()].find((e) => e.running && sameHost(u.hostname, e.host) && Number(u.port || 80) === e.bootstrapPort);
+          } catch {
+            source = undefined;
+          }
+          if (!source) {
+            stats.errors++;
+            violation(`mooncake decode leg names bootstrap ${kv.remote_bootstrap_addr}: no prefill engine there`);
+            return sendError(res, 500, `Mooncake bootstrap query to ${kv.remote_bootstrap_addr} failed`, 'server_error');
+          }
+          if (source.mooncakeEngineId !== kv.remote_engine_id) {
+            // the worker asks P's bootstrap server for remote_engine_id's workers: none registered
+            stats.errors++;
+            violation(`mooncake decode leg names remote_engine_id ${kv.remote_engine_id}, ${kv.remote_bootstrap_addr} serves ${source.mooncakeEngineId}`);
+            return sendError(res, 500, `KV transfer failed: engine ${kv.remote_engine_id} is not registered at ${kv.remote_bootstrap_addr}`, 'server_error');
+          }
+          const found = await waitTransfer(registry, `${source.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
+          if (ctx.closed) return;
+          if (!found) {
+            stats.errors++;
+            return sendError(res, 504, `transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
+          }
+          const h = registry.handles.get(`mc/${source.id}/${kv.transfer_id}`);
+          let kvDigest = found.digest;
+          if (!h || h.state !== 'held') {
+            stats.staleHandleReads++;
+            kvDigest = promptDigest(`stale:${kv.transfer_id}`);
+          } else h.free('read');
+          if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
+          const t = await pullBlocks(hashes, tokens, source.id, clock, rec);
+          return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))) });
+        }
+        // "Got invalid KVTransferParams ... will not utilize KVTransfer": D prefills by itself
+        violation(`mooncake decode leg without ${missing.join(', ')}`);
+      }
+
+      if (kv && typeof kv === 'object' && kv.do_remote_decode === true && kv.transfer_id === undefined) {
         stats.requests.vllmPrefill++;
         if (body.stream === true) violation('vllm prefill leg has stream:true');
         if (body.max_tokens !== undefined && body.max_tokens !== 1) violation(`vllm prefill leg has max_tokens:${JSON.stringify(body.max_tokens)}`);
@@ -527,34 +808,45 @@ export async function startEngine(options) {
         const p = await prefillLocal(hashes, tokens, clock, rec);
         if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
         const totalBlocks = Math.ceil(tokens / blockTokens);
-        const chatOut = ctx.chat;
-        const word = FILLER[0];
-        const created = Math.floor(Date.now() / 1000);
-        const idStr = `${chatOut ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
-        stats.outputTokens++;
-        return sendJson(res, 200, {
-          id: idStr,
-          object: chatOut ? 'chat.completion' : 'text_completion',
-          created,
-          model: ctx.model,
-          choices: [chatOut ? { index: 0, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' } : { index: 0, text: word, logprobs: null, finish_reason: 'length' }],
-          usage: usageOf(tokens, 1, p.cachedTokens),
-          kv_transfer_params: ctx.omitKvTransferParams ? undefined : {
+        stats.outputTokens += prompts.length;
+        /** @type {Record<string, unknown> | undefined} */
+        let params;
+        if (!ctx.omitKvTransferParams) {
+          // Every sub-request (one per prompt, and per sample when n > 1: vllm v1/engine/parallel_sampling.py
+          // fans n out into child requests) ends length-capped and holds its blocks; the response
+          // carries one kv_transfer_params only — serving_completion.py takes
+          // final_res_batch[0].kv_transfer_params — so the others stay held until the timeout.
+          const samples = positiveInt(body.n) ?? 1;
+          const base = `cmpl-${requestId ?? randomUUID()}-${++internalCounter}`;
+          /** @type {string[]} */
+          const ids = [];
+          prompts.forEach((q, i) => {
+            for (let s = 0; s < samples; s++) {
+              const remoteRequestId = `${base}-${i}${samples > 1 ? `-${s}` : ''}`;
+              ids.push(remoteRequestId);
+              holdKv(`${id}/${remoteRequestId}`, promptDigest(q), i === 0 ? totalBlocks : Math.ceil(tokensOf(q) / blockTokens));
+            }
+          });
+          // nixl/scheduler.py request_finished: the handle's field set
+          params = {
             do_remote_prefill: true,
             do_remote_decode: false,
-            remote_engine_id: id,
             remote_block_ids: Array.from({ length: totalBlocks }, (_, i) => i),
+            remote_engine_id: id,
+            remote_request_id: ids[0],
             remote_host: host,
             remote_port: engine.port,
             tp_size: 1,
-          },
-        });
+            remote_num_tokens: tokens,
+          };
+        }
+        return sendJson(res, 200, prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), params));
       }
 
       if (kv && typeof kv === 'object' && kv.do_remote_prefill === true) {
         stats.requests.vllmDecode++;
         if (typeof kv.remote_engine_id !== 'string') violation('vllm decode leg without remote_engine_id');
-        for (const field of ['remote_block_ids', 'remote_host', 'remote_port']) {
+        for (const field of ['remote_block_ids', 'remote_host', 'remote_port', 'remote_request_id']) {
           if (kv[field] === undefined || kv[field] === null) violation(`vllm decode leg without kv_transfer_params.${field}`);
         }
         const source = typeof kv.remote_engine_id === 'string' ? kv.remote_engine_id : undefined;
@@ -563,11 +855,30 @@ export async function startEngine(options) {
         if (remote && kv.remote_port !== undefined && kv.remote_port !== null && kv.remote_port !== remote.port) {
           violation(`vllm decode leg names remote_port ${kv.remote_port}, engine ${source} listens on ${remote.port}`);
         }
+        // A handle is single-use: P frees its blocks on the first read's notification
+        // (nixl worker.py _get_new_notifs -> finished_sending), or at the timeout/lease end, and
+        // later reads are only logged ("Potentially invalid KV blocks for unrecognized request ...
+        // were retrieved by a decode worker"): D answers 200 from blocks that now hold something else.
+        const h = registry.handles.get(`${source}/${kv.remote_request_id}`);
+        /** @type {string[]} */
+        const digests = [];
+        if (!h || h.state !== 'held') {
+          stats.staleHandleReads += prompts.length;
+          for (let i = 0; i < prompts.length; i++) digests.push(promptDigest(`stale:${source}/${kv.remote_request_id}/${i}`));
+        } else {
+          h.free('read');
+          // every prompt of a batch reads the same handle: prompts 2..N decode on prompt 1's KV
+          prompts.forEach((q) => {
+            if (promptDigest(q) !== h.digest) stats.foreignHandleReads++;
+            digests.push(h.digest);
+          });
+        }
         const upstream = requestId ? registry.prefills.get(requestId) : undefined;
         rec.leg = 'vllmDecode';
         const t = await pullBlocks(hashes, tokens, source, clock, rec);
         const before = (upstream ? upstream.queueMs + upstream.prefillMs : 0) + t.transferMs;
-        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: before, usage: usageOf(tokens, maxTokens, t.cachedTokens), recordLatency: true, clock });
+        // D counts the KV it pulled as cached (num_cached_tokens includes external tokens)
+        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: before, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests });
       }
 
       // Plain OpenAI (colocated), or a decode leg whose prefill handed over nothing
@@ -577,7 +888,7 @@ export async function startEngine(options) {
       if (role === 'decode') stats.selfPrefills++;
       rec.leg = kv === undefined ? 'colocated' : 'vllmDecode';
       const p = await prefillLocal(hashes, tokens, clock, rec);
-      return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: p.queueMs + p.prefillMs, usage: usageOf(tokens, maxTokens, p.cachedTokens), recordLatency: true, clock });
+      return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: p.queueMs + p.prefillMs, usage: usageOf(tokens, maxTokens, p.cachedTokens), recordLatency: true, clock, digests: prompts.map(promptDigest) });
     } catch (error) {
       stats.errors++;
       if (!res.headersSent) sendError(res, 500, `simulated engine failed: ${error instanceof Error ? error.message : String(error)}`, 'server_error');
@@ -604,9 +915,24 @@ export async function startEngine(options) {
       });
       return;
     }
-    if (req.method === 'GET' && path === '/health') {
+    if (req.method === 'GET' && (path === '/health' || path === '/health_generate')) {
       req.resume();
-      return fault.health ? sendJson(res, 200, { status: 'ok' }) : sendJson(res, 503, { status: 'unhealthy' });
+      if (!fault.health) return sendJson(res, 503, { status: 'unhealthy' });
+      if (path === '/health_generate' || healthGenerate) {
+        healthGeneration().then(
+          () => sendJson(res, 200, { status: 'ok' }),
+          () => sendJson(res, 503, { status: 'unhealthy' }),
+        );
+        return;
+      }
+      return sendJson(res, 200, { status: 'ok' });
+    }
+    if (req.method === 'GET' && path === '/query') {
+      // the Mooncake bootstrap server of a vLLM P (kv_connector/v1/mooncake/mooncake_utils.py
+      // MooncakeBootstrapServer.query: {dp_rank: {engine_id, worker_addr: {tp: {pp: addr}}}});
+      // the simulator serves it on the engine's bootstrap port, which defaults to its HTTP port
+      req.resume();
+      return sendJson(res, 200, { 0: { engine_id: mooncakeEngineId, worker_addr: { 0: { 0: `${host}:${engine.port}` } } } });
     }
     if (req.method === 'GET' && path === '/v1/models') {
       req.resume();
@@ -662,10 +988,19 @@ export async function startEngine(options) {
     bootstrapPort: options.bootstrapPort ?? boundPort,
     cache,
     running: true,
-    stats: () => ({ id, role, ...structuredClone(stats), inflight, cacheBlocksUsed: cache.size, running: engine.running }),
+    mooncakeEngineId,
+    stats: () => ({
+      id, role, ...structuredClone(stats), inflight, cacheBlocksUsed: cache.size, running: engine.running,
+      heldHandles: held.size,
+      heldBlocks: [...held.values()].reduce((sum, h) => sum + h.blocks, 0),
+    }),
+    setOptions,
     requests: () => [...log],
     requestStats: () => Object.fromEntries(requestStats),
     reset() {
+      for (const h of [...held.values()]) h.free('expired');
+      held.clear();
+      inflightIds.clear();
       cache.clear();
       stats = emptyStats();
       log = [];
@@ -712,6 +1047,41 @@ function publishRoom(registry, room, entry) {
   }
 }
 
+/** @param {Registry} registry @param {string} key @param {TransferEntry} entry */
+function publishTransfer(registry, key, entry) {
+  remember(registry.transfers, key, entry);
+  const waiters = registry.transferWaiters.get(key);
+  if (waiters) {
+    registry.transferWaiters.delete(key);
+    for (const wake of waiters) wake(entry);
+  }
+}
+
+/**
+ * Wait for a Mooncake prefill (D's worker polls P for the transfer_id), the timeout or the client leaving.
+ * @param {Registry} registry @param {string} key @param {number} timeoutMs @param {{ closed: boolean }} ctx
+ * @returns {Promise<TransferEntry | undefined>}
+ */
+function waitTransfer(registry, key, timeoutMs, ctx) {
+  const ready = registry.transfers.get(key);
+  if (ready) return Promise.resolve(ready);
+  return new Promise((resolve) => {
+    let waiters = registry.transferWaiters.get(key);
+    if (!waiters) registry.transferWaiters.set(key, (waiters = new Set()));
+    const set = waiters;
+    const finish = (/** @type {TransferEntry | undefined} */ entry) => {
+      clearTimeout(timer);
+      clearInterval(poll);
+      set.delete(finish);
+      if (set.size === 0 && registry.transferWaiters.get(key) === set) registry.transferWaiters.delete(key);
+      resolve(entry);
+    };
+    const timer = setTimeout(() => finish(undefined), timeoutMs);
+    const poll = setInterval(() => ctx.closed && finish(undefined), 50);
+    set.add(finish);
+  });
+}
+
 /**
  * Wait until the prefill of a room is published, the timeout passes or the client leaves.
  * @param {Registry} registry @param {string} room @param {number} timeoutMs @param {{ closed: boolean }} ctx
@@ -736,6 +1106,47 @@ function waitRoom(registry, room, timeoutMs, ctx) {
     const poll = setInterval(() => ctx.closed && finish(undefined), 50);
     set.add(finish);
   });
+}
+
+/** Send SSE response headers unless they went out already. @param {http.ServerResponse} res */
+function sseHeaders(res) {
+  if (res.headersSent) return;
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+  res.flushHeaders();
+}
+
+/**
+ * The first word of every answer the simulator generates for a prompt: `p` + 8 hex digits of its
+ * SHA-256. A decode leg that read another prompt's KV starts with that prompt's digest instead.
+ * @param {string | number[]} prompt
+ */
+export function promptDigest(prompt) {
+  return 'p' + createHash('sha256').update(typeof prompt === 'string' ? prompt : JSON.stringify(prompt)).digest('hex').slice(0, 8);
+}
+
+/**
+ * What a correct answer to this body starts with (each choice's text, or a chat message's
+ * content): `expectedPrefix(body).startsWith`-style checks tell an answer that belongs to this
+ * prompt from one computed on another prompt's KV. For a batched /v1/completions, the digest of
+ * prompt `index`.
+ * @param {any} body request body (chat when it has `messages`) @param {number} [index]
+ */
+export function expectedPrefix(body, index = 0) {
+  const prompts = promptsOf(body, Array.isArray(body?.messages));
+  if (!prompts[index]) throw new TypeError('body has no prompt');
+  return promptDigest(prompts[index]);
+}
+
+/**
+ * Every prompt of a body: one for chat or a single prompt, N for a batched /v1/completions
+ * (a list of strings or a list of token-id lists).
+ * @param {any} body @param {boolean} chat @returns {(string | number[])[]}
+ */
+export function promptsOf(body, chat) {
+  const p = body?.prompt;
+  if (!chat && Array.isArray(p) && p.length > 1 && (typeof p[0] === 'string' || Array.isArray(p[0]))) return p;
+  const one = promptOf(body, chat);
+  return one === undefined ? [] : [one];
 }
 
 /** @param {string} a @param {string} b */
