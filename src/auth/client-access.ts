@@ -31,7 +31,13 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
     if (keys.length > 0) {
       const token = bearerToken(c.req.header("authorization"));
       if (token === null) throw unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.");
-      if (!(await matchesAny(token, keys))) throw unauthorized("Incorrect API key provided.");
+      const failures = failureLimit(c.env, c.req.header("cf-connecting-ip"), options);
+      // Checked before the key: an address over its limit learns nothing from a right guess either.
+      failures?.refuseIfBlocked();
+      if (!(await matchesAny(token, keys))) {
+        await failures?.count();
+        throw unauthorized("Incorrect API key provided.");
+      }
       label = await keyLabel(token);
       // Routed requests carry the label to the Durable Object in their finish report (no
       // extra round trip); the other /v1 routes count it here.
@@ -58,6 +64,45 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
       }
     }
     await next();
+  };
+}
+
+/**
+ * Wrong API keys are rate-limited per client IP with the RATE_LIMITER binding (key
+ * `auth-fail:ip:<ip>`), so guessing keys is not free. An address that goes over the limit is
+ * refused (429) for the binding's period in this isolate, before its key is even compared. The
+ * binding cannot be asked without counting, so the isolate remembers the refusal: plain data,
+ * bounded, never a pending promise shared between requests.
+ */
+const blockedUntil = new Map<string, number>();
+const MAX_BLOCKED = 10_000;
+
+function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOptions) {
+  const limiter = env.RATE_LIMITER;
+  if (!limiter) return null;
+  const key = `auth-fail:ip:${ip ?? "unknown"}`;
+  const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
+  const tooMany = () =>
+    new RouterError(429, "Too many requests with an incorrect API key from this address. Retry after the time given in the retry-after header.", "rate_limit_error", "too_many_failed_auth", null, {
+      "retry-after": String(retryAfter),
+    });
+  return {
+    refuseIfBlocked(): void {
+      const until = blockedUntil.get(key);
+      if (until === undefined) return;
+      if (Date.now() < until) throw tooMany();
+      blockedUntil.delete(key);
+    },
+    async count(): Promise<void> {
+      const outcome = await limiter.limit({ key }).catch((err: unknown) => {
+        console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
+        return { success: true };
+      });
+      if (outcome.success) return;
+      if (blockedUntil.size >= MAX_BLOCKED) blockedUntil.delete(blockedUntil.keys().next().value as string);
+      blockedUntil.set(key, Date.now() + retryAfter * 1000);
+      throw tooMany();
+    },
   };
 }
 

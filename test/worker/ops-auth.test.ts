@@ -146,6 +146,28 @@ describe("rate limiting (RATE_LIMITER binding)", () => {
     expect((await call("/v1/models", { headers: bearer(ALT_KEY) })).status).toBe(200);
   });
 
+  it("limits wrong API keys per client IP: guessing gets 429, then even a right key from that address waits", async () => {
+    await putCluster(cluster);
+    const guesser = { "cf-connecting-ip": "198.51.100.77" };
+    let limited: Response | null = null;
+    for (let i = 0; i < 120 && !limited; i++) {
+      const res = await call("/v1/models", { headers: { ...guesser, ...bearer(`sk-guess-${i}`) } });
+      if (res.status === 429) limited = res;
+      else {
+        expect(res.status).toBe(401);
+        await res.arrayBuffer();
+      }
+    }
+    expect(limited).not.toBeNull();
+    const body = (await limited!.json()) as any;
+    expect(body.error).toMatchObject({ type: "rate_limit_error", code: "too_many_failed_auth" });
+    expect(limited!.headers.get("retry-after")).toBe("60");
+    // the right key from the guessing address is refused too: a lucky guess is not revealed
+    expect((await call("/v1/models", { headers: { ...guesser, ...bearer(KEY) } })).status).toBe(429);
+    // other addresses are not affected
+    expect((await call("/v1/models", { headers: { "cf-connecting-ip": "198.51.100.78", ...bearer(KEY) } })).status).toBe(200);
+  });
+
   it("keys by client IP when auth is off, and fails open when the limiter breaks", async () => {
     const seen: string[] = [];
     const limiter = (allow: (key: string) => boolean) => ({
