@@ -1,27 +1,57 @@
-import type { ClusterConfig } from "../config/schema";
+import type { ClusterConfig, NodeConfig } from "../config/schema";
+
+/** How long one isolate reuses the union it built for a document version before asking again. */
+export const MODELS_CACHE_MS = 30_000;
+/** ... and when some node did not answer: soon enough to list its models once it is back. */
+export const MODELS_PARTIAL_CACHE_MS = 5_000;
+
+export interface ListModelsOptions {
+  /** where node secrets (`apiKeySecret`) are read from: the Worker's env */
+  env?: Record<string, unknown>;
+  timeoutMs?: number;
+  now?: () => number;
+  fetch?: typeof fetch;
+}
+
+// Per document (the loader hands out one config object per document version): the finished
+// union and when it was built. Plain data — concurrent requests that find it missing or old each
+// ask the nodes themselves rather than awaiting another request's fetches (workerd forbids that).
+const cache = new WeakMap<ClusterConfig, { names: string[]; until: number }>();
 
 /**
  * Union of the models the cluster serves: the `models` lists of the document, plus what
  * nodes without such a list report on their own /v1/models (they serve everything they load).
+ * Asked with the node's bearer token, no redirects followed (a 3xx lists nothing), and cached for
+ * MODELS_CACHE_MS per document, so clients polling /v1/models do not fan out to every node.
  */
-export async function listModels(config: ClusterConfig, timeoutMs = 2_000): Promise<string[]> {
+export async function listModels(config: ClusterConfig, options: ListModelsOptions = {}): Promise<string[]> {
+  const { env = {}, timeoutMs = 2_000, now = Date.now, fetch: fetcher = fetch } = options;
+  const cached = cache.get(config);
+  if (cached && now() < cached.until) return cached.names;
+
   const names = new Set<string>();
-  const ask: string[] = [];
+  const ask = new Map<string, NodeConfig>();
   for (const n of config.nodes) {
     if (n.models) n.models.forEach((m) => names.add(m));
-    else ask.push(n.url);
+    else if (!ask.has(n.url)) ask.set(n.url, n);
   }
+  let answered = 0;
   await Promise.all(
-    [...new Set(ask)].map(async (origin) => {
+    [...ask.values()].map(async (node) => {
       try {
-        const res = await fetch(new URL("/v1/models", origin), { signal: AbortSignal.timeout(timeoutMs) });
-        if (!res.ok) return void (await res.body?.cancel());
+        const secret = node.apiKeySecret ? env[node.apiKeySecret] : undefined;
+        const headers: Record<string, string> = typeof secret === "string" && secret ? { authorization: `Bearer ${secret}` } : {};
+        const res = await fetcher(new URL("/v1/models", node.url), { headers, redirect: "manual", signal: AbortSignal.timeout(timeoutMs) });
+        if (res.status !== 200) return void (await res.body?.cancel());
         const body = (await res.json()) as { data?: Array<{ id?: unknown }> };
         for (const m of body.data ?? []) if (typeof m.id === "string") names.add(m.id);
+        answered++;
       } catch {
         // an unreachable node lists nothing; its health is reported elsewhere
       }
     }),
   );
-  return [...names].sort();
+  const sorted = [...names].sort();
+  cache.set(config, { names: sorted, until: now() + (answered === ask.size ? MODELS_CACHE_MS : MODELS_PARTIAL_CACHE_MS) });
+  return sorted;
 }
