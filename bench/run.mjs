@@ -37,7 +37,7 @@ multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
-            --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,...
+            --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05
 do-capacity: --nodes 8,64,512 --policy round_robin,least_load,cache_aware --ops noop,route_finish[,request]
             --seconds 5 --clients 4 --batch 64 --parallel 16`;
 

@@ -26,10 +26,11 @@ export function createAgent(maxSockets) {
  * POST a JSON body; parse the answer as SSE when it is `text/event-stream`, else as JSON.
  * @param {string} url
  * @param {unknown} body object (JSON-encoded here) or a ready string
- * @param {{ agent?: http.Agent, headers?: Record<string, string>, timeoutMs?: number, signal?: AbortSignal, onFirstByte?: () => void }} [options]
+ * @param {{ agent?: http.Agent, headers?: Record<string, string>, timeoutMs?: number, signal?: AbortSignal, onFirstByte?: () => void, abandonAfterSentMs?: number }} [options]
+ *   abandonAfterSentMs: the client leaves that long after its request is fully sent (so the server has it)
  * @returns {Promise<PostResult>}
  */
-export function postJson(url, body, { agent, headers = {}, timeoutMs = 600000, signal, onFirstByte } = {}) {
+export function postJson(url, body, { agent, headers = {}, timeoutMs = 600000, signal, onFirstByte, abandonAfterSentMs } = {}) {
   const payload = typeof body === 'string' ? body : JSON.stringify(body);
   const started = performance.now();
   return new Promise((resolve) => {
@@ -47,6 +48,7 @@ export function postJson(url, body, { agent, headers = {}, timeoutMs = 600000, s
       resolve(result);
     };
     req.on('timeout', () => req.destroy(new Error(`timed out after ${timeoutMs} ms`)));
+    if (abandonAfterSentMs !== undefined) req.on('finish', () => setTimeout(() => req.destroy(new Error('client left')), abandonAfterSentMs));
     req.on('error', (error) => finish({ status: 0, headers: {}, ttfbMs: NaN, totalMs: performance.now() - started, error: error.message }));
     req.on('response', (res) => {
       let ttfbMs = NaN;

@@ -106,9 +106,9 @@ function routerLog() {
 
 /**
  * Samples of one path (direct, baseline or router) at one concurrency, over all rounds.
- * @typedef {{ ttfb: number[], kinds: (string | null)[], ms: number, cpuMs: number, sent: number }} PathSamples
+ * @typedef {{ ttfb: number[], kinds: (string | null)[], ms: number, cpuMs: number, sent: number, clientAborted: number }} PathSamples
  */
-const newSamples = () => /** @type {PathSamples} */ ({ ttfb: [], kinds: [], ms: 0, cpuMs: 0, sent: 0 });
+const newSamples = () => /** @type {PathSamples} */ ({ ttfb: [], kinds: [], ms: 0, cpuMs: 0, sent: 0, clientAborted: 0 });
 
 /**
  * Figures of one path against direct calls measured in the same rounds.
@@ -128,6 +128,7 @@ export function pathFigures(s, direct) {
     ...(direct ? { cpuMsPerRequest: round(s.cpuMs / Math.max(1, s.sent), 3) } : {}),
     failed: failures.reduce((a, f) => a + f.count, 0),
     failures,
+    ...(s.clientAborted ? { clientAborted: s.clientAborted } : {}),
   };
 }
 
@@ -156,6 +157,7 @@ export async function runOverhead(options) {
   const promptChars = numberOption(options, 'prompt-chars', 64);
   const outputTokens = numberOption(options, 'output-tokens', 8);
   const rounds = numberOption(options, 'rounds', 3);
+  const abortShare = numberOption(options, 'abort-share', 0);
   // --router-vars CONFIG_TTL_MS=600000,...: Worker vars for the router (experiments)
   const routerVars = Object.fromEntries(String(options['router-vars'] ?? '').split(',').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
   /** @type {any[]} */
@@ -184,11 +186,21 @@ export async function runOverhead(options) {
           for (const c of levels) {
             const n = perLevel || (c === 1 ? 200 : Math.min(1600, c * 40));
             const agent = createAgent(c * 3);
+            // --abort-share X: that share of the requests through a proxy is abandoned by its
+            // client 0-2 ms after it was sent (users stop generations); not counted as failures,
+            // but whatever it does to the requests around it is
+            const abortEvery = abortShare > 0 ? Math.max(1, Math.round(1 / abortShare)) : 0;
+            const viaProxy = async (/** @type {string} */ base, /** @type {string} */ name, /** @type {number} */ i) => {
+              const abandon = abortEvery > 0 && i % abortEvery === 0;
+              const abandonAfterSentMs = abandon ? Math.floor(Math.random() * 3) : undefined;
+              const res = await postJson(`${base}/v1/chat/completions`, body(i), { agent, abandonAfterSentMs, headers: { 'x-request-id': `${name}-${i}` } });
+              return abandon ? { ...res, clientAborted: true } : res;
+            };
             /** @type {{ name: 'direct' | 'baseline' | 'router', pgid: number | null, send: (i: number) => Promise<import('../lib/http-client.mjs').PostResult> }[]} */
             const paths = [
               { name: 'direct', pgid: null, send: (i) => directTwoLegs({ p: url(`p${i % 2}`), d: url(`d${(i >> 1) % 2}`), body: body(i), requestId: `direct-${i}`, agent }) },
-              { name: 'baseline', pgid: baseline.pid, send: (i) => postJson(`${baseline.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `baseline-${i}` } }) },
-              { name: 'router', pgid: router.pid, send: (i) => postJson(`${router.url}/v1/chat/completions`, body(i), { agent, headers: { 'x-request-id': `router-${i}` } }) },
+              { name: 'baseline', pgid: baseline.pid, send: (i) => viaProxy(baseline.url, 'baseline', i) },
+              { name: 'router', pgid: router.pid, send: (i) => viaProxy(router.url, 'router', i) },
             ];
             // warm every path (connections, isolates, JIT, the Durable Object)
             for (const p of paths) await runPool(Math.max(2 * c, 50), c, () => p.send(seq++));
@@ -200,7 +212,8 @@ export async function runOverhead(options) {
                 const cpu = p.pgid === null ? null : cpuMeter(p.pgid);
                 const t = performance.now();
                 await runPool(share, c, async () => {
-                  const res = await p.send(seq++);
+                  const res = /** @type {import('../lib/http-client.mjs').PostResult & { clientAborted?: boolean }} */ (await p.send(seq++));
+                  if (res.clientAborted) return void s.clientAborted++;
                   const kind = failureKind(res);
                   s.kinds.push(kind);
                   if (kind === null) s.ttfb.push(res.ttfbMs);
@@ -219,6 +232,7 @@ export async function runOverhead(options) {
               pool[k].ms += samples[k].ms;
               pool[k].cpuMs += samples[k].cpuMs;
               pool[k].sent += samples[k].sent;
+              pool[k].clientAborted += samples[k].clientAborted;
             }
             const direct = pathFigures(samples.direct, null);
             const base = pathFigures(samples.baseline, samples.direct);
@@ -264,7 +278,7 @@ export async function runOverhead(options) {
 
   const report = {
     scenario: 'overhead',
-    config: { levels, promptChars, outputTokens, rounds, requestsPerLevel: perLevel || 'default', routerVars },
+    config: { levels, promptChars, outputTokens, rounds, requestsPerLevel: perLevel || 'default', routerVars, abortShare },
     baseline: { levels: baselineLevels, memory: baseMemory },
     results,
     decision,
