@@ -51,10 +51,15 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         inflight: n.inflight,
         requestsTotal: n.requestsTotal,
         failuresTotal: n.failuresTotal,
+        // the page marks an ejection when this moves forward (a re-ejection between two polls too)
+        ejectedUntil: n.ejectedUntil,
+        lastFailureAt: n.lastFailureAt,
       })),
       decisions: snapshot.decisions,
       requests: snapshot.requests,
       prefix: snapshot.prefix,
+      // cumulative histograms (seconds): the page derives p50/p99 over its own recent window
+      latency: snapshot.latency,
       leases: snapshot.leases,
     },
     200,
