@@ -1,5 +1,6 @@
 // `npm start`: 2 prefill + 2 decode simulated vLLM engines and the real Worker under
 // `wrangler dev`, all on 127.0.0.1. Ctrl-C stops everything.
+import { randomBytes } from 'node:crypto';
 import { startSimCluster } from '../sim/cluster.mjs';
 import { startRouter } from './router-process.mjs';
 
@@ -7,6 +8,8 @@ const ROUTER_PORT = 8787;
 const CONTROL_PORT = Number(process.env.SIM_CONTROL_PORT ?? 8300);
 // real time per simulated ms: 1 makes a demo feel like a GPU (15 ms a token); lower is faster
 const TIME_SCALE = Number(process.env.SIM_TIME_SCALE ?? 1);
+// the admin API and the status page are off without ADMIN_TOKEN: the demo makes one per run
+const ADMIN_TOKEN = process.env.ADMIN_TOKEN || randomBytes(12).toString('hex');
 
 const ENGINES = [
   { id: 'p0', role: /** @type {const} */ ('prefill'), port: 8100 },
@@ -46,7 +49,7 @@ console.log(`  control  ${cluster.controlUrl}  (GET /stats, GET /engines/:id/req
 console.log(`starting the router (wrangler dev) on http://127.0.0.1:${ROUTER_PORT} ...`);
 
 try {
-  router = await startRouter({ port: ROUTER_PORT, clusterDocument, persistDir: '.wrangler/demo-state' });
+  router = await startRouter({ port: ROUTER_PORT, clusterDocument, persistDir: '.wrangler/demo-state', vars: { ADMIN_TOKEN } });
 } catch (error) {
   console.error(error instanceof Error ? error.message : error);
   await shutdown(1);
@@ -55,6 +58,8 @@ try {
 const u = router?.url;
 console.log(`
 router: ${u}   (cluster document: ${clusterDocument.nodes.map((n) => n.id).join(', ')})
+status page: ${u}/status#token=${ADMIN_TOKEN}
+             (or open ${u}/status and paste the token: ${ADMIN_TOKEN})
 
 try:
   curl -s ${u}/v1/models
@@ -63,6 +68,7 @@ try:
   curl -s ${u}/v1/route -H 'content-type: application/json' \\
     -d '{"model":"sim-model","messages":[{"role":"user","content":"hello"}]}'
   curl -s ${u}/metrics
+  curl -s ${u}/admin/status -H 'authorization: Bearer ${ADMIN_TOKEN}'
   curl -s ${cluster.controlUrl}/stats
 
 Ctrl-C stops everything.`);
