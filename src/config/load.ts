@@ -78,39 +78,45 @@ export class ClusterConfigLoader {
     }
     // A read that started before one already applied saw an older (or the same) document.
     if (this.snapshot && read < this.readApplied) return this.snapshot;
-    this.readApplied = read;
-    this.loadedAt = source.now();
-    if (this.snapshot && raw === this.lastRaw) return this.snapshot;
-    this.lastRaw = raw;
+    if (this.snapshot && raw === this.lastRaw) {
+      this.readApplied = read;
+      this.loadedAt = source.now();
+      return this.snapshot;
+    }
 
     const problems: Problem[] = [];
+    let good = this.lastGood;
     if (raw === null) {
       problems.push({ path: "(document)", message: `no cluster document in KV binding NODES at key "${CONFIG_KEY}"` });
     } else {
       const parsed = parseClusterDocument(raw, source.defaults);
-      if (parsed.ok) {
-        const fresh = this.lastGood?.raw !== raw;
-        this.lastGood = { raw, config: parsed.config, version: textVersion(raw) };
-        if (fresh) await source.saveLastGood?.(raw).catch(() => undefined);
-      } else {
-        problems.push(...parsed.problems);
-      }
+      if (parsed.ok) good = good?.raw === raw ? good : { raw, config: parsed.config, version: textVersion(raw) };
+      else problems.push(...parsed.problems);
     }
     if (problems.length > 0) {
       source.log?.({ event: "config_invalid", problems });
-      if (!this.lastGood && source.loadLastGood) {
+      if (!good && source.loadLastGood) {
         const saved = await source.loadLastGood().catch(() => null);
         const parsed = saved ? parseClusterDocument(saved, source.defaults) : null;
-        if (saved && parsed?.ok) this.lastGood = { raw: saved, config: parsed.config, version: textVersion(saved) };
+        if (saved && parsed?.ok) good = { raw: saved, config: parsed.config, version: textVersion(saved) };
+        if (this.snapshot && read < this.readApplied) return this.snapshot; // a newer read applied meanwhile
       }
     }
-    if (this.snapshot && read < this.readApplied) return this.snapshot; // a newer read applied meanwhile
+    // Everything this read found is applied at once, with no await in between: a concurrent
+    // request never sees `lastRaw` updated while the snapshot still describes the old text.
+    const fresh = good !== null && good !== this.lastGood && good.raw === raw;
+    this.readApplied = read;
+    this.loadedAt = source.now();
+    this.lastRaw = raw;
+    this.lastGood = good;
     this.snapshot = {
-      config: this.lastGood?.config ?? null,
-      version: this.lastGood?.version ?? "none",
+      config: good?.config ?? null,
+      version: good?.version ?? "none",
       problems,
-      stale: problems.length > 0 && this.lastGood !== null,
+      stale: problems.length > 0 && good !== null,
     };
-    return this.snapshot;
+    const snapshot = this.snapshot;
+    if (fresh && raw !== null) await source.saveLastGood?.(raw).catch(() => undefined);
+    return snapshot;
   }
 }

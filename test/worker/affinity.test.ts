@@ -107,11 +107,10 @@ describe("affinity: every turn of a conversation keeps its P and D, and conversa
   };
 
   it("30 conversations x 4 turns sharing one long system prompt, 6 at a time: fixed P and D per conversation, all nodes used", async () => {
-    // loadFactor 3 (= the node count) puts every bound at T + 1 or more, so bounded load never
-    // moves a turn here: this test is about the key. At the default 1.25 the bound is 1 while at
-    // most one other request is in flight, so two concurrent conversations sharing a D split by
-    // design (covered in "bounded load through the Worker").
-    await putCluster({ protocol: "vllm", policy: { ...affinity, loadFactor: 3 }, nodes: [...P3, ...D3] });
+    // The default policy (loadFactor 1.25, loadSlack 4): with at most 6 in flight every bound is
+    // at least 1 + 4 = 5, so concurrent conversations sharing a node do not split. The strict rule
+    // (loadSlack 0) is covered in "bounded load through the Worker".
+    await putCluster({ protocol: "vllm", policy: affinity, nodes: [...P3, ...D3] });
     const ids = Array.from({ length: 30 }, (_, i) => `${RUN}-c${i}`);
     const placements = await runConversations(ids, 6);
     expectFixedPlacement(placements);
@@ -277,6 +276,24 @@ describe("pdGroup with two groups (p0,d0 in a; p1,d1 in b)", () => {
     expect(ps).toEqual(new Set(["p0", "p1"]));
   });
 
+  it("prefer: an idle cluster stays in P's group even when the other group's D weighs more", async () => {
+    // d1 (group b) weighs 3: per in-flight request and weight it looks 3x emptier, but idle is idle
+    const heavy = grouped("prefer");
+    heavy.nodes = heavy.nodes.map((n) => (n.id === "d1" ? { ...n, weight: 3 } : n));
+    await putCluster(heavy);
+    let crossedBest = 0;
+    for (const sid of keys("prefer-weight", 12)) {
+      const dry = await explain(chat(`prefer weight ${sid}`), { "x-session-id": sid });
+      if (dry.prefill.id === "p0" && dry.candidates.decode[0].id === "d1") crossedBest++;
+      const p = await send("/v1/chat/completions", chat(`prefer weight ${sid}`), { "x-session-id": sid });
+      expect(p.status).toBe(200);
+      expect(groupOf[p.d!], `${p.p}/${p.d}`).toBe(groupOf[p.p!]);
+      await expectNoLoad();
+    }
+    // the case that matters happened: P in group a while the best D overall was d1
+    expect(crossedBest).toBeGreaterThan(0);
+  });
+
   it("off: groups are ignored, so over many keys some pairs cross groups", async () => {
     await putCluster(grouped("off"));
     const placements = await placeAll("off", 16);
@@ -291,8 +308,31 @@ describe("pdGroup with two groups (p0,d0 in a; p1,d1 in b)", () => {
 describe("bounded load through the Worker", () => {
   beforeEach(resetSim);
 
-  it("a hot session fills its top D to the bound, then spills over; max in flight stays within ceil(loadFactor x mean)", async () => {
+  it("two conversations on an idle 3-node cluster, at the default loadFactor, stay on their nodes while both are in flight", async () => {
     await putCluster({ protocol: "vllm", policy: affinity, nodes: [...P3, ...D3] });
+    // two sessions whose D is the same node
+    const sessions = Array.from({ length: 40 }, (_, i) => `${RUN}-pair-${i}`);
+    const byD = new Map<string, string[]>();
+    for (const sid of sessions) {
+      const d = (await explain(chat(`pair ${sid}`), { "x-session-id": sid })).decode.id as string;
+      byD.set(d, [...(byD.get(d) ?? []), sid]);
+    }
+    const [shared, [a, b]] = [...byD].find(([, list]) => list.length >= 2)! as [string, string[]];
+    await fault(shared, { mode: "slow", delayMs: 1500 });
+    const first = send("/v1/chat/completions", chat(`pair ${a}`), { "x-session-id": a! });
+    await waitFor(() => decodeLoads([shared]), ([l]) => l === 1);
+    // strict rule: the bound at T = 1 would be ceil(1.25 * 2 / 3) = 1 and b would move; with loadSlack 4 it is 5
+    const dry = await explain(chat(`pair ${b}`), { "x-session-id": b! });
+    expect(dry.decode.id).toBe(shared);
+    expect(dry.candidates.decode.find((c: any) => c.id === shared)).toMatchObject({ load: 1, bound: 5 });
+    const second = await send("/v1/chat/completions", chat(`pair ${b}`), { "x-session-id": b! });
+    expect(second).toMatchObject({ status: 200, d: shared });
+    expect(await first).toMatchObject({ status: 200, d: shared });
+    await expectNoLoad();
+  });
+
+  it("with loadSlack 0 (the strict rule) a hot session fills its top D to the bound, then spills over; max in flight stays within ceil(loadFactor x mean)", async () => {
+    await putCluster({ protocol: "vllm", policy: { ...affinity, loadSlack: 0 }, nodes: [...P3, ...D3] });
     const dIds = D3.map((n) => n.id);
     const session = { "x-session-id": `${RUN}-hot` };
     const body = chat("the same hot key again");

@@ -145,6 +145,31 @@ describe("ClusterConfigLoader: no request ever waits on another request's I/O", 
     expect((await slow).config?.nodes).toHaveLength(3);
   });
 
+  it("a call that reads a new document while another is still saving it never gets the old one", async () => {
+    const loader = new ClusterConfigLoader();
+    let text = doc;
+    let saving: (() => void) | null = null;
+    const src: ConfigSource = {
+      read: async () => text,
+      // the Durable Object round trip that keeps the last good text: slow here
+      saveLastGood: () => new Promise<void>((resolve) => (saving = resolve)),
+      defaults: {},
+      ttlMs: 0,
+      now: () => 0,
+    };
+    const first = loader.get(src);
+    await new Promise((r) => setTimeout(r, 0));
+    (saving as (() => void) | null)?.();
+    await first;
+    text = JSON.stringify({ nodes: [p0, { ...d0, id: "d9" }] });
+    const a = loader.get(src); // reads the new text, then waits on its save
+    await new Promise((r) => setTimeout(r, 0));
+    const b = await loader.get(src); // reads the same new text meanwhile
+    expect(b.config?.nodes.map((n) => n.id)).toEqual(["p0", "d9"]);
+    (saving as (() => void) | null)?.();
+    expect((await a).config?.nodes.map((n) => n.id)).toEqual(["p0", "d9"]);
+  });
+
   it("serves the cached snapshot within the TTL without reading", async () => {
     const loader = new ClusterConfigLoader();
     let reads = 0;
