@@ -18,6 +18,9 @@
 export function topSelfTime(profile, top = 15, sourceOf = (/** @type {string} */ url, /** @type {number} */ line) => `${shortUrl(url)}:${line + 1}`) {
   /** @type {Map<number, ProfileNode>} */
   const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+  /** @type {Map<number, ProfileNode>} */
+  const parentOf = new Map();
+  for (const n of profile.nodes) for (const c of n.children ?? []) parentOf.set(c, n);
   /** @type {Map<string, { name: string, where: string, selfUs: number, samples: number }>} */
   const acc = new Map();
   let sampledUs = 0;
@@ -28,13 +31,20 @@ export function topSelfTime(profile, top = 15, sourceOf = (/** @type {string} */
     const us = profile.timeDeltas[i + 1] ?? 0;
     const f = node.callFrame;
     const name = f.functionName || '(anonymous)';
-    const where = f.url ? sourceOf(f.url, f.lineNumber) : '';
+    // native frames (fetch, RPC stubs, stream internals) have no file: name their JS caller
+    const caller = f.url ? undefined : nearestScriptCaller(node);
+    const where = f.url ? sourceOf(f.url, f.lineNumber) : caller ? `from ${caller.callFrame.functionName || '(anonymous)'} in ${sourceOf(caller.callFrame.url, caller.callFrame.lineNumber)}` : '';
     const key = `${name}\u0000${where}`;
     const e = acc.get(key) ?? { name, where, selfUs: 0, samples: 0 };
     e.selfUs += us;
     e.samples += 1;
     acc.set(key, e);
     sampledUs += us;
+  }
+  /** @param {ProfileNode} node */
+  function nearestScriptCaller(node) {
+    for (let p = parentOf.get(node.id); p; p = parentOf.get(p.id)) if (p.callFrame.url) return p;
+    return undefined;
   }
   const entries = [...acc.values()]
     .sort((a, b) => b.selfUs - a.selfUs)

@@ -24,6 +24,9 @@ describe('CPU profile: self time by function', () => {
     ].sort((x, y) => y.selfMs - x.selfMs));
     expect(top).toMatchObject({ totalMs: 10, sampledMs: 8 });
     expect(formatTop(top)).toContain('      4.0    50.0  (idle)');
+    // a native frame under script code is named by its caller
+    const native = { ...profile, nodes: [...profile.nodes.slice(0, 2), { ...profile.nodes[2], callFrame: { functionName: 'fetch', url: '', lineNumber: -1, columnNumber: -1 } }, profile.nodes[3]] };
+    expect(topSelfTime(native, 3).entries.find((e) => e.name === 'fetch')).toMatchObject({ name: 'fetch', where: 'from a in worker.mjs:3' });
   });
 
   it('names the module of a bundle line from esbuild\'s module comments', () => {
