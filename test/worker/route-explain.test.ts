@@ -277,8 +277,8 @@ describe("POST /v1/route under the other policies", () => {
     expect(await placement("/v1/chat/completions", chat(`colocated ${RUN}`))).toEqual({ status: 200, p: json.decode.id, d: json.decode.id });
   });
 
-  it("shows loads in flight and the bounded-load skip while a request holds the top D", async () => {
-    await putCluster({ protocol: "vllm", policy: affinity, nodes: [{ id: "p0", role: "prefill" }, ...D3] });
+  it("shows loads in flight and the bounded-load skip while a request holds the top D (loadSlack 0: the strict rule)", async () => {
+    await putCluster({ protocol: "vllm", policy: { ...affinity, loadSlack: 0 }, nodes: [{ id: "p0", role: "prefill" }, ...D3] });
     const session = { "x-session-id": `held-${RUN}` };
     const idle = (await explain(chat("held"), session)).json;
     const top = idle.decode.id as string;
