@@ -11,6 +11,7 @@ import { recordAnswered, recordRejected } from "./observability/metrics";
 import { adminRoutes } from "./routes/admin";
 import { metricsRoutes } from "./routes/metrics";
 import { statusRoutes } from "./routes/status";
+import { HOP_HEADER } from "./forward/upstream";
 
 const REQUEST_ID = /^[\x21-\x7e]{1,128}$/;
 
@@ -25,6 +26,14 @@ app.use(async function requestId(c, next) {
 });
 
 app.use(headerLimits());
+// The router's own upstream requests carry HOP_HEADER: one arriving here went round in a loop
+// (a node URL pointing back at the router, directly or through a proxy).
+app.use(async function loopGuard(c, next) {
+  if (c.req.header(HOP_HEADER) !== undefined) {
+    throw new RouterError(508, "The request came back to the router: a node URL points at the router itself.", "server_error", "routing_loop");
+  }
+  await next();
+});
 app.use("/v1/*", clientAccess());
 app.use("/v1/*", async function countAnswered(c, next) {
   await next();
@@ -48,12 +57,12 @@ app.get("/healthz", (c) => c.json({ status: "ok" }));
 
 app.get("/v1/models", async (c) => {
   const config = requireConfig(await currentConfig(c.env));
-  const models = await listModels(config);
+  const models = await listModels(config, { env: c.env });
   return c.json({ object: "list", data: models.map((id) => ({ id, object: "model", created: 0, owned_by: "pd-edge-router" })) });
 });
 
-app.post("/v1/chat/completions", (c) => forwardInference(c, "chat"));
-app.post("/v1/completions", (c) => forwardInference(c, "completion"));
+app.post("/v1/chat/completions", (c) => forwardInference(c, "chat", "/v1/chat/completions"));
+app.post("/v1/completions", (c) => forwardInference(c, "completion", "/v1/completions"));
 
 app.post("/v1/route", async (c) => explainRoute(c, await c.req.text()));
 

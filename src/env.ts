@@ -11,6 +11,10 @@ export interface Env {
   MAX_BODY_BYTES?: string;
   /** isolate cache TTL of the cluster document in ms (default 5000) */
   CONFIG_TTL_MS?: string;
+  /** a request's lease expires this long after its last renewal (default 60000; live requests renew every third of it) */
+  LEASE_TTL_MS?: string;
+  /** a write to the client waiting this long ends the request: the client left or stopped reading (default 10000) */
+  CLIENT_STALL_MS?: string;
   ADMIN_TOKEN?: string;
   API_KEYS?: string;
   METRICS_TOKEN?: string;

@@ -22,6 +22,9 @@ export class RouterError extends Error {
     super(message);
     this.name = "RouterError";
   }
+
+  /** already counted and logged by the request's life cycle (src/forward/lifecycle.ts) */
+  counted = false;
 }
 
 export const badRequest = (message: string, param: string | null, code = "invalid_value") =>

@@ -1,6 +1,7 @@
 import type { Role } from "../routing/types";
-import type { LegReport } from "../state/types";
-import { callLeg, UpstreamFailure, type LegResponse, type UpstreamNode } from "./upstream";
+import type { RequestLife } from "./lifecycle";
+import type { PrefillUsage } from "./stream";
+import { Leg, UpstreamFailure, type UpstreamNode } from "./upstream";
 
 /** Everything a protocol needs to run one request's legs; built by the route, free of Hono. */
 export interface ForwardContext {
@@ -9,74 +10,115 @@ export interface ForwardContext {
   parsed: Record<string, unknown>;
   /** upstream path, e.g. /v1/chat/completions */
   path: string;
-  requestId: string;
-  signal: AbortSignal;
-  timeouts: { prefillMs: number; decodeFirstByteMs: number };
+  /** the client asked for a stream */
+  stream: boolean;
+  life: RequestLife;
+  timeouts: { prefillMs: number; decodeFirstByteMs: number; decodeIdleMs: number; nonStreamMs: number };
   /** failover attempts after the first, per leg */
   retries: number;
-  /** the nodes chosen so far; failover replaces them */
-  chosen: { prefill: string; decode: string };
   resolve(id: string): UpstreamNode;
-  /** records the failure and asks the cluster state for the next node; null when there is none */
-  failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null>;
-  /** P's part of the lease ends (P answered) */
-  prefillDone(report: LegReport): void;
   sleep(ms: number): Promise<void>;
 }
 
-export interface ForwardResult {
+/** D's answer, ready for the client: a stream whose first bytes arrived, or a whole JSON body. */
+export interface DecodeAnswer {
   prefillNode: string;
   decodeNode: string;
-  /** ms until P answered (0 for colocated) */
+  /** ms until P answered (0 when P runs beside D or there is none) */
   prefillMs: number;
-  /** D's answer, 2xx, body not yet read */
-  decode: LegResponse;
-  /** ms until D's response headers */
+  /** ms from sending D to its first body byte */
   decodeMs: number;
-  /** cached_tokens reported by P, to show the client */
-  cachedTokens: number | null;
-  /** sglang: P's leg still runs beside D's; resolves to its failure report (null when it went well) */
-  prefillSettled?: Promise<LegReport | null>;
+  leg: Leg;
+  body: { kind: "stream"; reader: ReadableStreamDefaultReader<Uint8Array>; first: Uint8Array } | { kind: "json"; text: string };
+  /** vllm: P's token counts, which the client's usage must show */
+  prefillUsage: PrefillUsage | null;
 }
 
 /** Jittered exponential backoff between failover attempts (25 ms, 50 ms, ... each +-50%). */
 export const backoffMs = (attempt: number) => 25 * 2 ** attempt * (0.5 + Math.random());
 
+const reported = new WeakSet<UpstreamFailure>();
+export const markReported = (f: UpstreamFailure) => reported.add(f);
+export const wasReported = (f: UpstreamFailure) => reported.has(f);
+
 /**
- * Runs one leg, failing over to the next-ranked node of its role while the failure is the
- * node's (refused, reset, timeout, 5xx) and attempts remain. Nothing has reached the client
- * yet, so a retry is safe. A failure already reported through failover is marked so the
- * final report does not count it twice.
+ * After a failed attempt: records the failure and moves the role to its next-ranked node
+ * while the failure is the node's (refused, reset, timeout, node-fault status) and attempts
+ * remain. Nothing has reached the client yet, so a retry is safe. Throws the failure when
+ * there is nothing left to try.
  */
-export async function runLeg<T>(
-  ctx: ForwardContext,
-  role: Role,
-  timeoutMs: number,
-  body: (node: UpstreamNode) => string,
-  accept: (leg: LegResponse, node: UpstreamNode) => Promise<T>,
-): Promise<{ node: UpstreamNode; value: T; ms: number }> {
-  for (let attempt = 0; ; attempt++) {
-    const node = ctx.resolve(ctx.chosen[role]);
+export async function failOver(ctx: ForwardContext, failure: UpstreamFailure, attempt: number): Promise<void> {
+  if (!failure.retryable || ctx.life.isEnded) throw failure;
+  const next = await ctx.life.failover(failure.leg, failure.report(), attempt < ctx.retries);
+  markReported(failure);
+  if (next === null || attempt >= ctx.retries) throw failure;
+  await ctx.sleep(backoffMs(attempt));
+}
+
+export function asFailure(err: unknown, role: Role, node: string): UpstreamFailure {
+  if (err instanceof UpstreamFailure) return err;
+  return new UpstreamFailure(role, node, "protocol", `${role} node ${node}: ${(err as Error)?.message ?? String(err)}`);
+}
+
+/** Runs `attempt` on the role's current node, failing over to the next-ranked ones. */
+export async function withFailover<T>(ctx: ForwardContext, role: Role, attempt: (node: UpstreamNode) => Promise<T>): Promise<T> {
+  for (let i = 0; ; i++) {
+    const node = ctx.resolve(ctx.life.chosen[role]);
     try {
-      const leg = await callLeg({ leg: role, node, path: ctx.path, body: body(node), requestId: ctx.requestId, signal: ctx.signal, timeoutMs });
-      try {
-        return { node, value: await accept(leg, node), ms: leg.ms };
-      } catch (err) {
-        leg.abort("rejected");
-        throw err;
-      }
+      return await attempt(node);
     } catch (err) {
-      if (!(err instanceof UpstreamFailure)) throw err;
-      if (!err.retryable) throw err;
-      const next = await ctx.failover(role, err.report(), attempt < ctx.retries);
-      markReported(err);
-      if (next === null || attempt >= ctx.retries) throw err;
-      ctx.chosen[role] = next;
-      await ctx.sleep(backoffMs(attempt));
+      await failOver(ctx, asFailure(err, role, node.id), i);
     }
   }
 }
 
-const reported = new WeakSet<UpstreamFailure>();
-export const markReported = (f: UpstreamFailure) => reported.add(f);
-export const wasReported = (f: UpstreamFailure) => reported.has(f);
+export function sendLeg(ctx: ForwardContext, role: Role, node: UpstreamNode, body: string, upstreamId: string, timeoutMs: number, signal = ctx.life.signal): Promise<Leg> {
+  return Leg.send({ leg: role, node, path: ctx.path, body, upstreamId, trace: ctx.life.trace, signal, timeoutMs });
+}
+
+/**
+ * Runs one decode attempt until the client can be answered: for a stream, D's first body byte
+ * (engines send headers before the first token, so headers alone prove nothing) within
+ * decodeFirstByteMs; otherwise the whole JSON answer within nonStreamMs — a non-streamed
+ * answer's first byte is its last, and a body cut short must not reach the client as a 200.
+ */
+export async function decodeAttempt(
+  ctx: ForwardContext,
+  node: UpstreamNode,
+  body: string,
+  upstreamId: string,
+  signal = ctx.life.signal,
+): Promise<{ leg: Leg; ms: number; body: DecodeAnswer["body"] }> {
+  const timeoutMs = ctx.stream ? ctx.timeouts.decodeFirstByteMs : ctx.timeouts.nonStreamMs;
+  const leg = await sendLeg(ctx, "decode", node, body, upstreamId, timeoutMs, signal);
+  try {
+    if (!ctx.stream) {
+      const text = await leg.text();
+      leg.close();
+      try {
+        const value: unknown = JSON.parse(text);
+        if (!value || typeof value !== "object" || Array.isArray(value)) throw new Error("not an object");
+      } catch {
+        throw leg.protocolFailure("answered a body that is not a complete JSON object");
+      }
+      return { leg, ms: Date.now() - leg.started, body: { kind: "json", text } };
+    }
+    const type = leg.response.headers.get("content-type") ?? "";
+    if (!type.includes("text/event-stream") || !leg.response.body) throw leg.protocolFailure(`answered a stream request with '${type || "no body"}'`);
+    const reader = leg.response.body.getReader();
+    let first: ReadableStreamReadResult<Uint8Array>;
+    do {
+      try {
+        first = await reader.read();
+      } catch (err) {
+        throw leg.failure(err, "broken", "broke off its stream before the first byte");
+      }
+      if (first.done) throw leg.protocolFailure("ended its stream without a byte");
+    } while (first.value.byteLength === 0);
+    leg.clearDeadline();
+    return { leg, ms: Date.now() - leg.started, body: { kind: "stream", reader, first: first.value } };
+  } catch (err) {
+    leg.abort("attempt failed");
+    throw err;
+  }
+}

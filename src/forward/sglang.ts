@@ -1,11 +1,13 @@
-import type { Role } from "../routing/types";
-import { withFields } from "./body";
-import { backoffMs, markReported, type ForwardContext, type ForwardResult } from "./pipeline";
 import type { LegReport } from "../state/types";
-import { callLeg, UpstreamFailure, type LegResponse } from "./upstream";
+import { withFields } from "./body";
+import { asFailure, decodeAttempt, failOver, sendLeg, type DecodeAnswer, type ForwardContext } from "./pipeline";
+import { Leg, UpstreamFailure, type UpstreamNode } from "./upstream";
 
 // SGLang PD disaggregation: P and D get the same body plus a bootstrap room and are sent at
 // once; D pulls the KV from P's bootstrap server. If either leg fails, the other is aborted.
+// P's answer is read to its end and never dropped early: SGLang aborts a request whose HTTP
+// connection closes (sgl-project/sglang python/sglang/srt/entrypoints/http_server.py, the
+// disconnect check of its streaming response; then D fails its KV transfer).
 
 const ROOM_MASK = (1n << 63n) - 1n;
 
@@ -15,72 +17,105 @@ export function bootstrapRoom(): string {
   return ((value ?? 0n) & ROOM_MASK).toString();
 }
 
-export function sglangBody(raw: string, parsed: Record<string, unknown>, host: string, port: number, room: string): string {
-  return withFields(raw, parsed, { bootstrap_host: JSON.stringify(host), bootstrap_port: String(port), bootstrap_room: room });
+export function sglangBody(raw: string, host: string, port: number, room: string): string {
+  return withFields(raw, { bootstrap_host: JSON.stringify(host), bootstrap_port: String(port), bootstrap_room: room });
 }
 
 /** The hostname D connects to for P's bootstrap server (brackets stripped from IPv6). */
 export const bootstrapHost = (url: string) => new URL(url).hostname.replace(/^\[(.*)\]$/, "$1");
 
-export async function forwardSglang(ctx: ForwardContext): Promise<ForwardResult> {
-  for (let attempt = 0; ; attempt++) {
-    const p = ctx.resolve(ctx.chosen.prefill);
-    const d = ctx.resolve(ctx.chosen.decode);
-    const body = sglangBody(ctx.raw, ctx.parsed, bootstrapHost(p.url), p.bootstrapPort, bootstrapRoom());
-    // One controller per attempt: a failed leg aborts its partner.
-    const attemptAbort = new AbortController();
-    const signal = AbortSignal.any([ctx.signal, attemptAbort.signal]);
-    const call = (leg: Role, node: typeof p, timeoutMs: number) =>
-      callLeg({ leg, node, path: ctx.path, body, requestId: ctx.requestId, signal, timeoutMs });
-    const prefillStarted = Date.now();
-    const prefillLeg: Promise<LegResponse> = call("prefill", p, ctx.timeouts.prefillMs);
-    const decodeLeg: Promise<LegResponse> = call("decode", d, ctx.timeouts.decodeFirstByteMs);
+/**
+ * Runs P's leg to the end of its answer (headers, then the body, within prefillMs) beside D's:
+ * P's body text when it went well, else throws its failure. `onFail` aborts the partner D.
+ */
+export function runConcurrentPrefill(
+  ctx: ForwardContext,
+  p: UpstreamNode,
+  body: string,
+  upstreamId: string,
+  signal: AbortSignal,
+  onFail: () => void,
+): Promise<string> {
+  const started = Date.now();
+  return sendLeg(ctx, "prefill", p, body, upstreamId, ctx.timeouts.prefillMs, signal)
+    .then(async (leg: Leg) => {
+      let text: string;
+      try {
+        text = await leg.text();
+      } finally {
+        leg.close();
+      }
+      ctx.life.prefillDone({ node: p.id, outcome: "ok", ms: Date.now() - started });
+      return text;
+    })
+    .catch((err: unknown) => {
+      const failure = asFailure(err, "prefill", p.id);
+      onFail();
+      // P's part of the lease ends here; the failure itself is counted once, by failover or finish
+      ctx.life.prefillDone({ node: p.id, outcome: "aborted" });
+      throw failure;
+    });
+}
 
-    // P's answer is not shown to the client; when it fails, D cannot get its KV, so abort D.
-    let prefillFailure: UpstreamFailure | null = null;
-    const prefillSettled: Promise<LegReport | null> = prefillLeg.then(
-      async (leg) => {
-        await leg.response.body?.cancel();
-        const ms = Date.now() - prefillStarted;
-        ctx.prefillDone({ node: p.id, outcome: "ok", ms });
-        return null;
-      },
-      (err: unknown) => {
-        const failure = err instanceof UpstreamFailure ? err : new UpstreamFailure("prefill", p.id, "connect", String(err));
-        prefillFailure = failure;
-        attemptAbort.abort("prefill failed");
-        return failure.report();
-      },
+/** The bodies of one concurrent attempt, and what to do with P's answer when it arrives. */
+export interface ConcurrentLegs {
+  prefill: string;
+  decode: string;
+  onPrefillAnswer?(text: string): void;
+}
+
+/**
+ * P and D sent at once (sglang, vllm-mooncake), with failover: a failed leg aborts its
+ * partner, and the leg that failed first is blamed and replaced.
+ */
+export async function forwardConcurrent(
+  ctx: ForwardContext,
+  legs: (p: UpstreamNode, d: UpstreamNode, upstreamId: string) => Promise<ConcurrentLegs> | ConcurrentLegs,
+  prefillUsage: DecodeAnswer["prefillUsage"] = null,
+): Promise<DecodeAnswer> {
+  for (let attempt = 0; ; attempt++) {
+    const p = ctx.resolve(ctx.life.chosen.prefill);
+    const d = ctx.resolve(ctx.life.chosen.decode);
+    const upstreamId = ctx.life.upstreamId();
+    let bodies: ConcurrentLegs;
+    try {
+      bodies = await legs(p, d, upstreamId);
+    } catch (err) {
+      await failOver(ctx, asFailure(err, "prefill", p.id), attempt);
+      continue;
+    }
+    // P's failure aborts this attempt's D (it would wait for KV that never comes); D's failure
+    // aborts this attempt's P (its KV would serve nobody).
+    const prefillAbort = new AbortController();
+    const decodeAbort = new AbortController();
+    let prefillFailed = false;
+    const prefill = runConcurrentPrefill(ctx, p, bodies.prefill, upstreamId, AbortSignal.any([ctx.life.signal, prefillAbort.signal]), () => {
+      prefillFailed = true;
+      decodeAbort.abort("prefill failed");
+    });
+    const prefillReport: Promise<LegReport | null> = prefill.then(
+      (text) => (bodies.onPrefillAnswer?.(text), null),
+      (f: UpstreamFailure) => f.report(),
     );
     try {
-      const decode = await decodeLeg;
-      return {
-        prefillNode: p.id,
-        decodeNode: d.id,
-        prefillMs: 0,
-        decode: { ...decode, abort: (reason) => (attemptAbort.abort(reason), decode.abort(reason)) },
-        decodeMs: decode.ms,
-        cachedTokens: null,
-        prefillSettled,
-      };
+      const answer = await decodeAttempt(ctx, d, bodies.decode, upstreamId, AbortSignal.any([ctx.life.signal, decodeAbort.signal]));
+      // P is still finishing its answer: the request reports it when it settles.
+      ctx.life.awaitPrefill(prefillReport);
+      return { prefillNode: p.id, decodeNode: d.id, prefillMs: 0, decodeMs: answer.ms, leg: answer.leg, body: answer.body, prefillUsage };
     } catch (err) {
-      attemptAbort.abort("decode failed");
-      await prefillSettled;
-      // The leg that caused it: P when P failed first (D was aborted because of it).
-      const failure: UpstreamFailure =
-        prefillFailure && (prefillFailure as UpstreamFailure).kind !== "aborted"
-          ? prefillFailure
-          : err instanceof UpstreamFailure
-            ? err
-            : new UpstreamFailure("decode", d.id, "connect", String(err));
-      if (failure.kind === "aborted" && ctx.signal.aborted) throw failure;
-      if (!failure.retryable) throw failure;
-      const role = failure.leg;
-      const next = await ctx.failover(role, failure.report(), attempt < ctx.retries);
-      markReported(failure);
-      if (next === null || attempt >= ctx.retries) throw failure;
-      ctx.chosen[role] = next;
-      await ctx.sleep(backoffMs(attempt));
+      const decodeFailure = asFailure(err, "decode", d.id);
+      prefillAbort.abort("decode failed");
+      // Blame the leg that failed first: P, when D was only aborted because of it.
+      const failure = prefillFailed ? await prefill.then(() => decodeFailure, (f: UpstreamFailure) => (f.kind === "aborted" ? decodeFailure : f)) : decodeFailure;
+      await prefillReport;
+      await failOver(ctx, failure, attempt);
     }
   }
+}
+
+export function forwardSglang(ctx: ForwardContext): Promise<DecodeAnswer> {
+  return forwardConcurrent(ctx, (p) => {
+    const body = sglangBody(ctx.raw, bootstrapHost(p.url), p.bootstrapPort, bootstrapRoom());
+    return { prefill: body, decode: body };
+  });
 }

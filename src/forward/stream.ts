@@ -1,101 +1,252 @@
 import { sseErrorEvent } from "../errors";
+import { editMembers } from "./json-text";
+import type { Leg } from "./upstream";
 
-export type StreamEnd = { outcome: "ok" } | { outcome: "failure"; error: string } | { outcome: "aborted" };
+export type StreamEnd =
+  | { outcome: "ok" }
+  | { outcome: "failure"; error: string; timeout: boolean }
+  | { outcome: "aborted"; error: string }
+  | { outcome: "stalled"; error: string };
 
-export interface ObserveOptions {
-  /** the body is an SSE stream: a failure mid-way ends it with an error event */
-  sse: boolean;
-  /** rewrites one complete line (SSE `data:` line); only when set is the text decoded at all */
-  rewriteLine?: ((line: string) => string) | undefined;
-  /** called once, when the body ended, failed, or the client went away */
-  onEnd(end: StreamEnd): void;
-  /** aborts the upstream fetch when the client cancels */
-  abortUpstream(reason: string): void;
+/** Rewrites a stream's bytes chunk by chunk; `flush` returns what it still holds at the end. */
+export interface ChunkRewriter {
+  chunk(bytes: Uint8Array): Uint8Array;
+  flush(): Uint8Array;
 }
 
+export interface RelayOptions {
+  leg: Leg;
+  reader: ReadableStreamDefaultReader<Uint8Array>;
+  /** D's first body bytes, already read (the status line waited for them) */
+  first: Uint8Array;
+  rewriter: ChunkRewriter | null;
+  /** longest silence from D between body bytes */
+  idleMs: number;
+  /** longest time the client may leave a chunk unread (gone without a signal, or not reading) */
+  stallMs: number;
+  /** called once, however the stream ends */
+  onEnd(end: StreamEnd): void;
+}
+
+const encoder = new TextEncoder();
+
 /**
- * Passes D's body through chunk by chunk and watches how it ends: completed, failed, or the
- * client gone. The pump awaits each write, so nothing is buffered beyond the chunk in hand (or a
- * partial line while rewriting). Returns the client's body and the pump, for waitUntil.
+ * Relays D's SSE body to the client and watches both ends. A watchdog ends the stream when D
+ * falls silent for `idleMs` (an error event, counted against D) or when a write to the client
+ * waits longer than `stallMs`: the client left before the response began (workerd then gives
+ * no signal and nobody reads) or stopped reading — the legs are closed and the lease released
+ * instead of holding them for nobody. Nothing is buffered beyond the chunk in hand.
  */
-export function observeStream(body: ReadableStream<Uint8Array>, opts: ObserveOptions): { body: ReadableStream<Uint8Array>; done: Promise<void> } {
+export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   const { readable, writable } = new TransformStream<Uint8Array, Uint8Array>();
   const writer = writable.getWriter();
-  const reader = body.getReader();
-  const encoder = new TextEncoder();
-  const decoder = opts.rewriteLine ? new TextDecoder() : null;
-  let partial = "";
-  const rewrite = (text: string, final: boolean): string => {
-    const lines = (partial + text).split("\n");
-    partial = final ? "" : (lines.pop() ?? "");
-    return lines.map(opts.rewriteLine!).join("\n") + (lines.length && !final ? "\n" : "");
+  let readingSince = 0;
+  let writingSince = 0;
+  let idle = false;
+  let stalled = false;
+  const period = Math.max(25, Math.min(1000, Math.min(o.idleMs, o.stallMs) / 4));
+  const watchdog = setInterval(() => {
+    const now = Date.now();
+    if (writingSince && now - writingSince > o.stallMs) {
+      stalled = true;
+      o.leg.abort("client stopped reading");
+      writer.abort(new Error("client stopped reading")).catch(() => undefined);
+    } else if (readingSince && now - readingSince > o.idleMs) {
+      idle = true;
+      o.leg.abort("decode idle timeout");
+    }
+  }, period);
+
+  const write = async (bytes: Uint8Array) => {
+    if (bytes.byteLength === 0) return;
+    writingSince = Date.now();
+    await writer.write(bytes);
+    writingSince = 0;
   };
-  const clientGone = (err: unknown) => {
-    opts.abortUpstream(`client went away: ${String(err)}`);
-    reader.cancel(err).catch(() => undefined);
-  };
+  const rewrite = (bytes: Uint8Array) => (o.rewriter ? o.rewriter.chunk(bytes) : bytes);
 
   const pump = async (): Promise<StreamEnd> => {
+    try {
+      await write(rewrite(o.first));
+    } catch {
+      return clientGone();
+    }
     for (;;) {
       let chunk: ReadableStreamReadResult<Uint8Array>;
+      readingSince = Date.now();
       try {
-        chunk = await reader.read();
+        chunk = await o.reader.read();
       } catch (err) {
-        const error = `decode stream failed: ${(err as Error)?.message ?? String(err)}`;
-        // Never a silent truncated 200: SSE clients get an error event; others see the body cut short.
+        readingSince = 0;
+        if (stalled) return clientGone();
+        const error = idle ? `decode node ${o.leg.node} sent nothing for ${o.idleMs} ms` : `decode stream failed: ${(err as Error)?.message ?? String(err)}`;
+        if (o.leg.requestEnded && !idle) return clientGone();
+        // Never a silent truncated 200: the client gets an error event.
         try {
-          if (opts.sse) {
-            await writer.write(encoder.encode(sseErrorEvent("the decode node failed while streaming")));
-            await writer.close();
-          } else {
-            await writer.abort(new Error(error));
-          }
+          await write(encoder.encode(sseErrorEvent(idle ? "the decode node stopped sending" : "the decode node failed while streaming", idle ? "upstream_idle_timeout" : "upstream_stream_error")));
+          writingSince = Date.now();
+          await writer.close();
         } catch {
           // the client is gone as well
         }
-        return { outcome: "failure", error };
+        return { outcome: "failure", error, timeout: idle };
       }
+      readingSince = 0;
       try {
         if (chunk.done) {
-          if (decoder && partial) await writer.write(encoder.encode(rewrite(decoder.decode(), true)));
+          if (o.rewriter) await write(o.rewriter.flush());
+          writingSince = Date.now();
           await writer.close();
+          writingSince = 0;
           return { outcome: "ok" };
         }
-        if (!decoder) await writer.write(chunk.value);
-        else {
-          const out = rewrite(decoder.decode(chunk.value, { stream: true }), false);
-          if (out) await writer.write(encoder.encode(out));
-        }
-      } catch (err) {
-        clientGone(err);
-        return { outcome: "aborted" };
+        await write(rewrite(chunk.value));
+      } catch {
+        return clientGone();
       }
     }
   };
-  const done = pump().then((end) => opts.onEnd(end));
-  return { body: readable, done };
+  const clientGone = (): StreamEnd => {
+    o.leg.abort("client went away");
+    o.reader.cancel().catch(() => undefined);
+    writer.abort().catch(() => undefined);
+    return stalled ? { outcome: "stalled", error: `the client read nothing for ${o.stallMs} ms` } : { outcome: "aborted", error: "client disconnected" };
+  };
+  void pump()
+    .catch((err): StreamEnd => ({ outcome: "failure", error: String(err), timeout: false }))
+    .then((end) => {
+      clearInterval(watchdog);
+      o.leg.close();
+      o.onEnd(end);
+    });
+  return readable;
 }
 
-/** Sets usage.prompt_tokens_details.cached_tokens in an SSE `data:` line that carries usage. */
-export function rewriteUsageLine(cachedTokens: number): (line: string) => string {
-  return (line) => {
-    if (!line.startsWith("data:") || !line.includes('"usage"')) return line;
-    try {
-      const event = JSON.parse(line.slice(5)) as Record<string, unknown>;
-      if (!setCachedTokens(event, cachedTokens)) return line;
-      return `data: ${JSON.stringify(event)}`;
-    } catch {
-      return line;
-    }
+/** Lines longer than this are passed on without being held for rewriting (a D that never sends a newline). */
+export const MAX_REWRITE_LINE_BYTES = 1 << 20;
+
+const NEWLINE = 0x0a;
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]!;
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.byteLength;
+  }
+  return out;
+}
+
+/**
+ * Rewrites the SSE `data:` lines that carry a usage object, passing every other byte through.
+ * Linear in the bytes: each byte is looked at once when its line completes; a partial line is
+ * held (as chunks, never re-concatenated) up to MAX_REWRITE_LINE_BYTES, past which it flows on
+ * unchanged. Chunks without a `"usage"` are forwarded as the same bytes.
+ */
+export function sseUsageRewriter(fix: (usage: Record<string, unknown>) => void): ChunkRewriter {
+  const decoder = new TextDecoder();
+  let held: Uint8Array[] = [];
+  let heldBytes = 0;
+  /** the current line outgrew the limit: pass it through up to its newline */
+  let passing = false;
+  const rewriteText = (bytes: Uint8Array): Uint8Array => {
+    const text = decoder.decode(bytes);
+    if (!text.includes('"usage"')) return bytes;
+    return encoder.encode(text.split("\n").map((line) => rewriteUsageLine(line, fix)).join("\n"));
+  };
+  return {
+    chunk(bytes) {
+      const nl = bytes.lastIndexOf(NEWLINE);
+      if (nl < 0) {
+        if (passing) return bytes;
+        held.push(bytes);
+        heldBytes += bytes.byteLength;
+        if (heldBytes <= MAX_REWRITE_LINE_BYTES) return new Uint8Array(0);
+        passing = true;
+        const out = concat(held);
+        held = [];
+        heldBytes = 0;
+        return out;
+      }
+      const head = bytes.subarray(0, nl + 1);
+      const rest = bytes.subarray(nl + 1);
+      let out: Uint8Array;
+      if (passing) {
+        // the over-long line ends at the first newline; the lines after it are rewritten as usual
+        const first = head.indexOf(NEWLINE);
+        out = concat([head.subarray(0, first + 1), rewriteText(head.subarray(first + 1))]);
+        passing = false;
+      } else {
+        out = rewriteText(held.length ? concat([...held, head]) : head);
+      }
+      held = rest.byteLength ? [rest] : [];
+      heldBytes = rest.byteLength;
+      return out;
+    },
+    flush() {
+      const out = held.length ? (passing ? concat(held) : rewriteText(concat(held))) : new Uint8Array(0);
+      held = [];
+      heldBytes = 0;
+      return out;
+    },
   };
 }
 
-/** Writes P's cached_tokens into a completion object's usage; false when it has none. */
-export function setCachedTokens(json: Record<string, unknown>, cachedTokens: number): boolean {
-  const usage = json.usage;
-  if (!usage || typeof usage !== "object") return false;
-  const u = usage as Record<string, unknown>;
-  const details = (u.prompt_tokens_details && typeof u.prompt_tokens_details === "object" ? u.prompt_tokens_details : {}) as Record<string, unknown>;
-  u.prompt_tokens_details = { ...details, cached_tokens: cachedTokens };
-  return true;
+/** Rewrites one SSE `data:` line whose JSON carries a usage object; the rest of the line is kept byte for byte. */
+export function rewriteUsageLine(line: string, fix: (usage: Record<string, unknown>) => void): string {
+  if (!line.startsWith("data:") || !line.includes('"usage"')) return line;
+  const json = line.slice(5).trim();
+  const usage = usageOf(json);
+  if (!usage) return line;
+  fix(usage);
+  return `data: ${editMembers(json, { usage: JSON.stringify(usage) })}`;
+}
+
+/** The usage object of a completion object's JSON text, or null when it has none. */
+export function usageOf(json: string): Record<string, unknown> | null {
+  try {
+    const event = JSON.parse(json) as { usage?: unknown };
+    return event.usage && typeof event.usage === "object" ? (event.usage as Record<string, unknown>) : null;
+  } catch {
+    return null;
+  }
+}
+
+/** P's token counts: what P prefilled and how much of it P had cached. */
+export interface PrefillUsage {
+  promptTokens: number | null;
+  cachedTokens: number;
+}
+
+/** P's usage as P reported it (vLLM omits prompt_tokens_details when nothing was cached: that is 0). */
+export function prefillUsageOf(json: Record<string, unknown>): PrefillUsage {
+  const usage = json.usage as { prompt_tokens?: unknown; prompt_tokens_details?: { cached_tokens?: unknown } | null } | undefined;
+  const cached = usage?.prompt_tokens_details?.cached_tokens;
+  const prompt = usage?.prompt_tokens;
+  return { promptTokens: typeof prompt === "number" ? prompt : null, cachedTokens: typeof cached === "number" ? cached : 0 };
+}
+
+/**
+ * D's usage as the client should see it: D counts the KV it pulled from P as cached, so the
+ * prompt counts and cached tokens come from P, and the total is recomputed
+ * (vllm-project/router merges usage the same way).
+ */
+export function fixUsage(p: PrefillUsage): (usage: Record<string, unknown>) => void {
+  return (usage) => {
+    if (p.promptTokens !== null) usage.prompt_tokens = p.promptTokens;
+    const details = usage.prompt_tokens_details && typeof usage.prompt_tokens_details === "object" ? (usage.prompt_tokens_details as Record<string, unknown>) : {};
+    usage.prompt_tokens_details = { ...details, cached_tokens: p.cachedTokens };
+    const prompt = typeof usage.prompt_tokens === "number" ? usage.prompt_tokens : 0;
+    const completion = typeof usage.completion_tokens === "number" ? usage.completion_tokens : 0;
+    usage.total_tokens = prompt + completion;
+  };
+}
+
+/** A non-streamed completion object's text with its usage fixed (other members byte for byte). */
+export function fixUsageInBody(text: string, fix: (usage: Record<string, unknown>) => void): string {
+  const usage = usageOf(text);
+  if (!usage) return text;
+  fix(usage);
+  return editMembers(text, { usage: JSON.stringify(usage) });
 }

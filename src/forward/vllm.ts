@@ -1,64 +1,118 @@
-import type { Role } from "../routing/types";
 import { withFields } from "./body";
-import { readLegJson, UpstreamFailure } from "./upstream";
-import { runLeg, type ForwardContext, type ForwardResult } from "./pipeline";
+import { memberText } from "./json-text";
+import { decodeAttempt, failOver, asFailure, sendLeg, withFailover, type DecodeAnswer, type ForwardContext } from "./pipeline";
+import { prefillUsageOf, type PrefillUsage } from "./stream";
+import { Leg, parseLegJson, type UpstreamNode } from "./upstream";
 
-// vLLM disaggregated serving with a KV connector (NIXL-style; also LMCache, Mooncake store):
-// P prefills with max_tokens 1 and hands back kv_transfer_params, then D decodes with them.
+// vLLM disaggregated serving with a KV connector that hands P's blocks to D through
+// kv_transfer_params (NixlConnector; also LMCache's and P2pNccl's NIXL-style params): P
+// prefills with max_tokens 1 and answers with a handle, then D decodes with it. Upstream:
+// vllm-project/vllm tests/v1/kv_connector/nixl_integration/toy_proxy_server.py (the reference
+// proxy) and vllm/distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py (the handle).
 
-const PREFILL_KV_PARAMS = {
+const PREFILL_KV_PARAMS = JSON.stringify({
   do_remote_decode: true,
   do_remote_prefill: false,
   remote_engine_id: null,
   remote_block_ids: null,
   remote_host: null,
   remote_port: null,
-};
+});
 
-const DROPPED_ON_PREFILL = ["stream_options", "min_tokens", "min_completion_tokens", "bootstrap_host", "bootstrap_port", "bootstrap_room"];
+const DROPPED_ON_PREFILL = ["stream_options", "min_tokens", "min_completion_tokens"];
 
-export function vllmPrefillBody(parsed: Record<string, unknown>): string {
-  const body: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(parsed)) if (!DROPPED_ON_PREFILL.includes(k)) body[k] = v;
-  body.stream = false;
-  body.max_tokens = 1;
-  if ("max_completion_tokens" in parsed) body.max_completion_tokens = 1;
-  body.kv_transfer_params = PREFILL_KV_PARAMS;
-  return JSON.stringify(body);
+/** P's body: the client's bytes with the prefill-only members set (nothing re-serialised). */
+export function vllmPrefillBody(raw: string, parsed: Record<string, unknown>, kvParams = PREFILL_KV_PARAMS): string {
+  const set: Record<string, string> = { stream: "false", max_tokens: "1" };
+  if ("max_completion_tokens" in parsed) set.max_completion_tokens = "1";
+  // one handle serves one sequence: P never samples several
+  set.n = "1";
+  set.kv_transfer_params = kvParams;
+  return withFields(raw, set, DROPPED_ON_PREFILL);
 }
 
-export function vllmDecodeBody(raw: string, parsed: Record<string, unknown>, kvTransferParams: unknown): string {
-  // P may stop on EOS and send no params: D then prefills by itself, so still forward.
-  return kvTransferParams === undefined || kvTransferParams === null
-    ? withFields(raw, parsed, {})
-    : withFields(raw, parsed, { kv_transfer_params: JSON.stringify(kvTransferParams) });
+/** D's body: the client's bytes plus P's handle exactly as P wrote it (absent when P stopped on EOS: D prefills itself). */
+export function vllmDecodeBody(raw: string, kvText: string | undefined): string {
+  return kvText === undefined || kvText === "null" ? withFields(raw, {}) : withFields(raw, { kv_transfer_params: kvText });
 }
 
-/** usage.prompt_tokens_details.cached_tokens as P reported it, if it did. */
-export function cachedTokensOf(json: Record<string, unknown>): number | null {
-  const usage = json.usage as { prompt_tokens_details?: { cached_tokens?: unknown } } | undefined;
-  const cached = usage?.prompt_tokens_details?.cached_tokens;
-  return typeof cached === "number" ? cached : null;
+/** Model name no node serves: D rejects the release request inside its handler, which is what frees P's blocks. */
+export const RELEASE_MODEL = "pd-edge-router-release";
+
+/**
+ * Frees the blocks P holds for a handle no D will read. vLLM >= 0.21 D nodes notify P when they
+ * reject a request that carries a handle (serving.py `_with_kv_transfer_rejection_cleanup` ->
+ * `notify_kv_transfer_request_rejected` -> NixlConnectorScheduler.request_finished, which sends
+ * the "done" notification with no blocks read): a request for a model D does not serve is
+ * rejected with 404 before it reaches the GPU. Cost: one small HTTP round trip to a D.
+ * Without it P holds the blocks until VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s) or its lease.
+ */
+export function releaseBody(kvText: string): string {
+  return `{"model":${JSON.stringify(RELEASE_MODEL)},"prompt":"x","max_tokens":1,"stream":false,"kv_transfer_params":${kvText}}`;
 }
 
-export async function forwardVllm(ctx: ForwardContext): Promise<ForwardResult> {
-  const prefillBody = vllmPrefillBody(ctx.parsed);
-  const prefill = await runLeg(ctx, "prefill" as Role, ctx.timeouts.prefillMs, () => prefillBody, async (leg, node) => {
-    const json = await readLegJson("prefill", node.id, leg.response);
-    return json;
+export async function releaseHandle(ctx: ForwardContext, node: UpstreamNode, kvText: string): Promise<void> {
+  const leg = await Leg.send({
+    leg: "decode",
+    node,
+    path: "/v1/completions",
+    body: releaseBody(kvText),
+    upstreamId: ctx.life.upstreamId(),
+    trace: ctx.life.trace,
+    signal: new AbortController().signal,
+    timeoutMs: 10_000,
+  }).catch(() => null);
+  // a 404 is the expected answer (Leg.send throws for it); a 200 would mean D served the model
+  leg?.abort("release sent");
+}
+
+interface Prefilled {
+  node: UpstreamNode;
+  ms: number;
+  usage: PrefillUsage;
+  /** P's kv_transfer_params as P wrote them, or undefined when P sent none */
+  kvText: string | undefined;
+}
+
+async function prefill(ctx: ForwardContext, body: string, upstreamId: string): Promise<Prefilled> {
+  const p = await withFailover(ctx, "prefill", async (node) => {
+    const leg = await sendLeg(ctx, "prefill", node, body, upstreamId, ctx.timeouts.prefillMs);
+    const text = await leg.text();
+    leg.close();
+    const json = parseLegJson(leg, text);
+    return { node, ms: Date.now() - leg.started, usage: prefillUsageOf(json), kvText: memberText(text, "kv_transfer_params") };
   });
-  ctx.prefillDone({ node: prefill.node.id, outcome: "ok", ms: prefill.ms });
-  const kv = prefill.value.kv_transfer_params;
-  const decodeBody = vllmDecodeBody(ctx.raw, ctx.parsed, kv);
-  const decode = await runLeg(ctx, "decode", ctx.timeouts.decodeFirstByteMs, () => decodeBody, async (leg) => leg);
-  return {
-    prefillNode: prefill.node.id,
-    decodeNode: decode.node.id,
-    prefillMs: prefill.ms,
-    decode: decode.value,
-    decodeMs: decode.ms,
-    cachedTokens: cachedTokensOf(prefill.value),
-  };
+  ctx.life.prefillDone({ node: p.node.id, outcome: "ok", ms: p.ms });
+  return p;
 }
 
-export { UpstreamFailure };
+export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
+  for (let attempt = 0; ; attempt++) {
+    // One id per P/D pair: a retry is a new pair with a fresh handle.
+    const upstreamId = ctx.life.upstreamId();
+    const p = await prefill(ctx, vllmPrefillBody(ctx.raw, ctx.parsed), upstreamId);
+    const kv = p.kvText !== undefined && p.kvText !== "null" ? p.kvText : undefined;
+    const d = ctx.resolve(ctx.life.chosen.decode);
+    // Until D is sent the handle, ending the request (the client left) must free P's blocks.
+    const unhold = kv ? ctx.life.holdHandle(() => releaseHandle(ctx, d, kv)) : () => undefined;
+    if (ctx.life.isEnded) throw asFailure(new Error("the request ended"), "decode", d.id);
+    unhold();
+    try {
+      const answer = await decodeAttempt(ctx, d, vllmDecodeBody(ctx.raw, kv), upstreamId);
+      return { prefillNode: p.node.id, decodeNode: d.id, prefillMs: p.ms, decodeMs: answer.ms, leg: answer.leg, body: answer.body, prefillUsage: p.usage };
+    } catch (err) {
+      const failure = asFailure(err, "decode", d.id);
+      // D refused the connection: it never saw the handle, so P still holds the blocks; the
+      // release goes to the D tried next (or this one again when there is none).
+      const refused = kv !== undefined && failure.kind === "connect";
+      try {
+        // The handle is single-use: once a D may have read it, P may have freed or reused its
+        // blocks, and a second D would answer 200 with another prompt's text. The retry re-runs
+        // P for a fresh handle (on the same P: its prefix cache makes the second prefill cheap).
+        await failOver(ctx, failure, attempt);
+      } finally {
+        if (refused) ctx.life.background(() => releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), kv));
+      }
+    }
+  }
+}

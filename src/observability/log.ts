@@ -4,6 +4,7 @@
  */
 export interface RequestLog {
   requestId: string;
+  traceId?: string | undefined;
   route: string;
   model?: string | undefined;
   policy?: string | undefined;
@@ -18,6 +19,9 @@ export interface RequestLog {
   prefillMs?: number | undefined;
   decodeTtfbMs?: number | undefined;
   totalMs: number;
+  /** Durable Object calls of the request, and how many the response waited for */
+  stateCalls?: number | undefined;
+  stateCallsBeforeResponse?: number | undefined;
   failOpen?: string[] | undefined;
   error?: string | undefined;
 }

@@ -95,13 +95,10 @@ export function routeLabel(path: string): string {
   return "other";
 }
 
-/** Errors produced after routing: the inference route's own finish() has counted those already. */
-const COUNTED_AFTER_ROUTING = new Set(["upstream_rejected", "upstream_timeout", "upstream_unavailable", "client_closed_request"]);
-
 /** Counts (and logs) a request refused before routing: bad input, auth, limits, unknown route or model. */
 export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestId: string; keyLabel?: string } }>, error: RouterError): void {
-  if (COUNTED_AFTER_ROUTING.has(error.code)) return;
-  const route = routeLabel(new URL(c.req.url).pathname);
+  if (error.counted) return;
+  const route = routeLabel(c.req.path);
   logRequest({ requestId: c.get("requestId") ?? "", route, status: error.status, outcome: "rejected", error: error.code, totalMs: 0 });
   // an authenticated inference request refused before routing: its key is counted here
   background(c, clusterState(c.env).count(route, error.status, c.get("keyLabel")));
@@ -109,7 +106,7 @@ export function recordRejected(c: Context<{ Bindings: Env; Variables: { requestI
 
 /** Counts a successful answer of a route that takes no lease (models, dry runs). */
 export function recordAnswered(c: Context<{ Bindings: Env; Variables: { requestId: string } }>, status: number): void {
-  background(c, clusterState(c.env).count(routeLabel(new URL(c.req.url).pathname), status));
+  background(c, clusterState(c.env).count(routeLabel(c.req.path), status));
 }
 
 /**

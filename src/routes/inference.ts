@@ -1,29 +1,48 @@
 import type { Context } from "hono";
 import { clusterState, clusterView, currentConfig, requireConfig, servesModel } from "../config/runtime";
-import type { ClusterConfig, NodeConfig } from "../config/schema";
+import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
+import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
 import { RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
-import { wasReported, type ForwardContext, type ForwardResult } from "../forward/pipeline";
+import { RequestLife, type Ending } from "../forward/lifecycle";
+import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
-import { observeStream, rewriteUsageLine, setCachedTokens, type StreamEnd } from "../forward/stream";
+import { fixUsage, fixUsageInBody, relayStream, sseUsageRewriter, type StreamEnd } from "../forward/stream";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
+import { forwardVllmMooncake } from "../forward/vllm-mooncake";
 import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
-import type { FinishReport, LegReport, RouteRequest } from "../state/types";
-import { background, logRequest } from "../observability/log";
+import type { LegReport, RouteRequest } from "../state/types";
+import { background } from "../observability/log";
+import { traceContext } from "../observability/trace";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
 type Ctx = Context<AppEnv>;
 
-const PROTOCOLS = { vllm: forwardVllm, sglang: forwardSglang, colocated: forwardColocated } as const;
+const PROTOCOLS: Record<Protocol, (ctx: ForwardContext) => Promise<DecodeAnswer>> = {
+  vllm: forwardVllm,
+  "vllm-mooncake": forwardVllmMooncake,
+  sglang: forwardSglang,
+  colocated: forwardColocated,
+};
 /** failover attempts after the first, per leg */
 const RETRIES = 2;
 
 const KEYED_POLICIES = new Set(["affinity", "cache_aware", "least_load"]);
+
+/** A lease lives this long without renewal (the Durable Object reads the same variable). */
+export const DEFAULT_LEASE_TTL_MS = 60_000;
+/** How long a write to the client may wait before the client counts as gone (it left before the response, or stopped reading). */
+export const DEFAULT_CLIENT_STALL_MS = 10_000;
+
+const intVar = (value: unknown, fallback: number) => {
+  const n = Number(value);
+  return typeof value === "string" && value !== "" && Number.isFinite(n) && n > 0 ? n : fallback;
+};
 
 /** Everything the Durable Object needs to decide, computed once in the Worker (hashing included). */
 export async function buildRouteRequest(
@@ -33,7 +52,7 @@ export async function buildRouteRequest(
   /** characters of the body as sent: the lease's token estimate (about 4 a token) */
   bodyChars: number,
   dryRun: boolean,
-): Promise<{ config: ClusterConfig; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
+): Promise<{ config: ClusterConfig; version: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
   const snapshot = await currentConfig(c.env);
   const config = requireConfig(snapshot);
   const model = body.model;
@@ -41,6 +60,10 @@ export async function buildRouteRequest(
   const serving = (role: Role) => config.nodes.some((n) => servesModel(n, model) && (n.role === role || n.role === "both"));
   if (!serving("decode") || (!colocated && !serving("prefill"))) {
     throw new RouterError(404, `The model '${model}' does not exist or no node serves it.`, "not_found_error", "model_not_found", "model");
+  }
+  const looping = nodesPointingAt(config, new URL(c.req.url).origin);
+  if (looping.length) {
+    throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
   }
   const policy = config.policy;
   const keyed = KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode);
@@ -51,25 +74,21 @@ export async function buildRouteRequest(
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
   return {
     config,
+    version: snapshot.version,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
-    request: {
-      cluster: clusterView(config, snapshot.version),
-      model,
-      key: key?.hash ?? null,
-      prefixHashes,
-      tokens: Math.ceil(bodyChars / 4),
-      dryRun,
-    },
+    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun },
   };
 }
 
-export function selectionFailure(error: SelectionError): RouterError {
+export function selectionFailure(error: SelectionError | { kind: "stale_view" }): RouterError {
   switch (error.kind) {
     case "no_nodes":
       return new RouterError(503, `No ${error.role} node is configured for this request.`, "service_unavailable", "no_nodes_available");
     case "no_decode_in_group":
       return new RouterError(503, error.message, "service_unavailable", "no_decode_in_group");
+    case "stale_view":
+      return new RouterError(503, "The cluster state did not take the cluster document.", "service_unavailable", "cluster_state_unavailable");
   }
 }
 
@@ -78,190 +97,127 @@ function upstreamNode(env: Env, node: NodeConfig): UpstreamNode {
   return { id: node.id, url: node.url, bootstrapPort: node.bootstrapPort, token: typeof secret === "string" && secret ? secret : null };
 }
 
-/** Maps a leg that failed before the client saw anything to the client's error. */
+/** Maps a leg that failed before the client saw anything to the client's error (the router's own words, except a refused request's reason). */
 export function upstreamError(f: UpstreamFailure): RouterError {
   if (f.outcome === "client_error" && f.status !== null) {
-    // The node rejected the request itself: its message is the useful one.
-    let message = `The ${f.leg} node rejected the request (${f.status}).`;
-    try {
-      const body = JSON.parse(f.body ?? "") as { error?: { message?: unknown } | string; message?: unknown };
-      const m = typeof body.error === "string" ? body.error : (body.error?.message ?? body.message);
-      if (typeof m === "string" && m) message = m;
-    } catch {
-      // not JSON: keep the generic message
-    }
-    return new RouterError(f.status as 400, message, "invalid_request_error", "upstream_rejected");
+    return new RouterError(f.status as 400, f.clientMessage ?? `The ${f.leg} node rejected the request (HTTP ${f.status}).`, "invalid_request_error", "upstream_rejected");
   }
-  if (f.kind === "timeout") return new RouterError(504, f.message, "upstream_error", "upstream_timeout");
-  return new RouterError(502, f.message, "upstream_error", f.kind === "aborted" ? "client_closed_request" : "upstream_unavailable");
-}
-
-function requestKindOf(raw: string): RequestKind {
-  try {
-    const value: unknown = JSON.parse(raw);
-    if (value && typeof value === "object" && !("messages" in value) && "prompt" in value) return "completion";
-  } catch {
-    // parseInferenceRequest reports the bad JSON
-  }
-  return "chat";
+  if (f.kind === "timeout") return new RouterError(504, `The ${f.leg} node did not answer in time: ${f.message}.`, "upstream_error", "upstream_timeout");
+  if (f.kind === "aborted") return new RouterError(499 as 400, "The request ended before the nodes answered.", "upstream_error", "client_closed_request");
+  return new RouterError(502, `The ${f.leg} node failed: ${f.message}.`, "upstream_error", "upstream_unavailable");
 }
 
 function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
   return `route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
 }
 
-/** POST /v1/chat/completions and /v1/completions: route, run the legs, stream D back. */
-export async function forwardInference(c: Ctx, kind: RequestKind): Promise<Response> {
-  const started = Date.now();
+/** The stream carries a usage object only when the client asked for one. */
+function streamHasUsage(parsed: Record<string, unknown>): boolean {
+  const o = parsed.stream_options as { include_usage?: unknown; continuous_usage_stats?: unknown } | null | undefined;
+  return Boolean(o && (o.include_usage || o.continuous_usage_stats));
+}
+
+/** POST /v1/chat/completions and /v1/completions: route, run the legs, answer from D. */
+export async function forwardInference(c: Ctx, kind: RequestKind, route: string): Promise<Response> {
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseInferenceRequest(raw, kind);
-  const { config, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false);
-  const state = clusterState(c.env);
-  const path = new URL(c.req.url).pathname;
-  const waitUntil = (p: Promise<unknown>) => background(c, p, requestId);
-  // The lease id is ours, so a client that leaves while any await below is pending (workerd
-  // may then never resume this handler) still gets its lease released, exactly once.
-  const leaseId = crypto.randomUUID();
-  let finished = false;
-  let decision: Decision | null = null;
-  const timings: { routeMs?: number; prefillMs?: number; decodeMs?: number } = {};
-  const chosen = { prefill: "", decode: "" };
-  let failOpen: Role[] = [];
-  const finish = (status: number, legs: { prefill?: LegReport; decode?: LegReport }, outcome: string, error?: string) => {
-    if (finished) return;
-    finished = true;
-    const keyLabel = c.get("keyLabel");
-    const report: FinishReport = { route: path, status, ...legs, ...(keyLabel ? { keyLabel } : {}) };
-    waitUntil(state.finish(leaseId, report));
-    logRequest({
-      requestId,
-      route: path,
-      model: body.model,
-      policy: `${config.policy.prefill}/${config.policy.decode}`,
-      prefill: chosen.prefill || undefined,
-      decode: chosen.decode || undefined,
-      keyHash: request.key?.slice(0, 16) ?? null,
-      keySource,
-      rule: decision ? `${decision.prefill.rule}/${decision.decode.rule}` : undefined,
-      status,
-      outcome,
-      routeMs: timings.routeMs,
-      prefillMs: timings.prefillMs,
-      decodeTtfbMs: timings.decodeMs,
-      totalMs: Date.now() - started,
-      failOpen: failOpen.length ? failOpen : undefined,
-      error,
-    });
-  };
-  c.req.raw.signal.addEventListener(
-    "abort",
-    () => {
-      // "aborted" tells nothing about the nodes' health, but frees a half-open trial they hold.
-      const legs: { prefill?: LegReport; decode?: LegReport } = {};
-      if (chosen.decode) legs.decode = { node: chosen.decode, outcome: "aborted" };
-      if (chosen.prefill && chosen.prefill !== chosen.decode) legs.prefill = { node: chosen.prefill, outcome: "aborted" };
-      finish(499, legs, "aborted", "client disconnected");
-    },
-    { once: true },
-  );
-
-  const routed = await state.route({ ...request, leaseId });
-  if (!routed.ok) {
-    const error = selectionFailure(routed.error);
-    finish(error.status, {}, "error", error.message);
-    throw error;
-  }
-  decision = routed.decision;
-  timings.routeMs = Date.now() - started;
-  chosen.prefill = decision.prefill.id;
-  chosen.decode = decision.decode.id;
-  failOpen = (["prefill", "decode"] as const).filter((r) => decision![r].failOpen);
-  const nodes = new Map(config.nodes.map((n) => [n.id, n]));
-  let prefillReported = config.protocol === "colocated";
-
-  const ctx: ForwardContext = {
-    raw,
-    parsed: body,
-    path,
+  const { config, version, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false);
+  request.route = route;
+  const env = c.env;
+  const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
+  const life = new RequestLife({
+    state: clusterState(env),
+    waitUntil: (p) => background(c, p, requestId),
     requestId,
-    signal: c.req.raw.signal,
-    timeouts: config.timeouts,
-    retries: RETRIES,
-    chosen,
-    resolve: (id) => upstreamNode(c.env, nodes.get(id)!),
-    failover: async (role, report, wantNext) => (await state.failover(leaseId, role, report, wantNext)).next,
-    prefillDone: (report) => {
-      prefillReported = true;
-      waitUntil(state.prefillDone(leaseId, report));
-    },
-    sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
-  };
-  let result: ForwardResult;
-  try {
-    result = await PROTOCOLS[config.protocol](ctx);
-  } catch (err) {
-    const legs: { prefill?: LegReport; decode?: LegReport } = {};
-    let error = err instanceof RouterError ? err : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
-    if (err instanceof UpstreamFailure) {
-      error = upstreamError(err);
-      if (!wasReported(err)) legs[err.leg] = err.report();
-    }
-    // A P that never answered still holds its part of the lease: finish releases it.
-    if (!prefillReported && !legs.prefill) legs.prefill = { node: ctx.chosen.prefill, outcome: "aborted" };
-    finish(error.status, legs, "error", error.message);
+    route,
+    model: body.model,
+    policy: `${config.policy.prefill}/${config.policy.decode}`,
+    keyHash: request.key,
+    keySource,
+    keyLabel: c.get("keyLabel"),
+    trace: traceContext(c.req.header("traceparent"), c.req.header("tracestate")),
+    clientSignal: c.req.raw.signal,
+    renewMs: Math.max(10, Math.floor(ttlMs / 3)),
+  });
+  const fail = (err: unknown): never => {
+    const error =
+      err instanceof RouterError ? err : err instanceof UpstreamFailure ? upstreamError(err) : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
+    const legs: Ending["legs"] = {};
+    if (err instanceof UpstreamFailure && !wasReported(err)) legs[err.leg] = err.report();
+    life.end({ status: error.status, outcome: error.code === "client_closed_request" ? "aborted" : "error", error: error.message, legs });
+    error.counted = true;
     throw error;
+  };
+
+  let answer: DecodeAnswer;
+  try {
+    const routed = await life.route(request, clusterView(config, version));
+    if (!routed.ok) throw selectionFailure(routed.error);
+    if (config.protocol === "colocated") life.prefillReported = true;
+    const nodes = new Map(config.nodes.map((n) => [n.id, n]));
+    const ctx: ForwardContext = {
+      raw,
+      parsed: body,
+      path: route,
+      stream: body.stream === true,
+      life,
+      timeouts: config.timeouts,
+      retries: RETRIES,
+      resolve: (id) => upstreamNode(env, nodes.get(id)!),
+      sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
+    };
+    answer = await PROTOCOLS[config.protocol](ctx);
+  } catch (err) {
+    return fail(err);
   }
 
+  life.timings.decodeMs = answer.decodeMs;
+  if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
   const headers = new Headers({
     "x-request-id": requestId,
-    "x-pd-prefill": result.prefillNode,
-    "x-pd-decode": result.decodeNode,
-    "server-timing": serverTiming(timings.routeMs, result.prefillMs, result.decodeMs),
+    "x-pd-prefill": answer.prefillNode,
+    "x-pd-decode": answer.decodeNode,
+    "server-timing": serverTiming(life.timings.routeMs ?? 0, answer.prefillMs, answer.decodeMs),
   });
-  timings.prefillMs = result.prefillMs;
-  timings.decodeMs = result.decodeMs;
-  if (failOpen.length) {
-    headers.set("x-pd-fail-open", failOpen.join(","));
-    console.warn(JSON.stringify({ event: "fail_open", requestId, roles: failOpen }));
+  if (life.failOpen.length) {
+    headers.set("x-pd-fail-open", life.failOpen.join(","));
+    console.warn(JSON.stringify({ event: "fail_open", requestId, roles: life.failOpen }));
   }
-  const upstream = result.decode.response;
-  const contentType = upstream.headers.get("content-type") ?? "application/json";
-  headers.set("content-type", contentType);
-  const sse = contentType.includes("text/event-stream");
-  if (sse) headers.set("cache-control", "no-cache");
-  const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: result.decodeNode, outcome, ms: result.decodeMs });
-  const prefillSettled = result.prefillSettled ?? Promise.resolve(null);
+  const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
+  const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
+  life.responding();
 
-  // Non-streamed vLLM answers carry P's cached_tokens: the body is one small JSON object.
-  if (!sse && result.cachedTokens !== null) {
-    const text = await upstream.text();
-    let out = text;
-    try {
-      const json = JSON.parse(text) as Record<string, unknown>;
-      if (setCachedTokens(json, result.cachedTokens)) out = JSON.stringify(json);
-    } catch {
-      // not JSON: pass it on as it is
+  if (answer.body.kind === "json") {
+    const text = fix ? fixUsageInBody(answer.body.text, fix) : answer.body.text;
+    headers.set("content-type", "application/json");
+    life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
+    return new Response(text, { status: 200, headers });
+  }
+
+  headers.set("content-type", "text/event-stream; charset=utf-8");
+  headers.set("cache-control", "no-cache");
+  const onEnd = (end: StreamEnd) => {
+    switch (end.outcome) {
+      case "ok":
+        return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
+      case "failure":
+        return life.end({ status: 502, outcome: "error", error: end.error, legs: { decode: decodeLeg("failure") } });
+      case "aborted":
+      case "stalled":
+        return life.end({ status: 499, outcome: end.outcome, error: end.error, legs: { decode: decodeLeg("aborted") } });
     }
-    finish(upstream.status, { decode: decodeLeg("ok") }, "ok");
-    return new Response(out, { status: upstream.status, headers });
-  }
-
-  const onEnd = (end: StreamEnd) =>
-    prefillSettled.then((prefill) => {
-      const status = end.outcome === "ok" ? upstream.status : end.outcome === "aborted" ? 499 : 502;
-      const legs: { prefill?: LegReport; decode?: LegReport } = { decode: decodeLeg(end.outcome) };
-      if (prefill) legs.prefill = prefill;
-      finish(status, legs, end.outcome, end.outcome === "failure" ? end.error : undefined);
-    });
-  const streamed = observeStream(upstream.body ?? new ReadableStream(), {
-    sse,
-    rewriteLine: sse && result.cachedTokens !== null ? rewriteUsageLine(result.cachedTokens) : undefined,
+  };
+  const stream = relayStream({
+    leg: answer.leg,
+    reader: answer.body.reader,
+    first: answer.body.first,
+    rewriter: fix && streamHasUsage(body) ? sseUsageRewriter(fix) : null,
+    idleMs: config.timeouts.decodeIdleMs,
+    stallMs: intVar(env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
     onEnd,
-    abortUpstream: (reason) => result.decode.abort(reason),
   });
-  waitUntil(streamed.done);
-  return new Response(streamed.body, { status: upstream.status, headers });
+  return new Response(stream, { status: 200, headers });
 }
 
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
@@ -269,9 +225,10 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   // The body is the one the client would send: chat when it has top-level messages.
   const kind = requestKindOf(raw);
   const body = parseInferenceRequest(raw, kind);
-  const { config, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
+  const { config, version, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env);
-  const [routed, snapshot] = await Promise.all([state.route(request), state.snapshot()]);
+  const view = clusterView(config, version);
+  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot()]);
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });
@@ -298,3 +255,12 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   });
 }
 
+function requestKindOf(raw: string): RequestKind {
+  try {
+    const value: unknown = JSON.parse(raw);
+    if (value && typeof value === "object" && !("messages" in value) && "prompt" in value) return "completion";
+  } catch {
+    // parseInferenceRequest reports the bad JSON
+  }
+  return "chat";
+}

@@ -28,8 +28,12 @@ import type {
   RouteResponse,
 } from "./types";
 
-/** A lease expires by itself after this, so a lost release cannot leak load. */
-export const LEASE_TTL_MS = 10 * 60_000;
+/**
+ * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
+ * request renews it every third of that, so a long stream keeps counting as load while a
+ * request that died without releasing stops counting soon.
+ */
+export const DEFAULT_LEASE_TTL_MS = 60_000;
 /** per role; ~130 bytes an entry (PrefixIndex.BYTES_PER_ENTRY_ESTIMATE): ~26 MB for both */
 const PREFIX_INDEX_ENTRIES = 100_000;
 const STICKY_ENTRIES = 100_000;
@@ -41,6 +45,8 @@ interface NodeLease {
   decode: string;
   tokens: number;
   expiresAt: number;
+  /** the route's metric label, for a lease that expires unreleased */
+  route: string;
   fallbacks: { prefill: string[]; decode: string[] };
   model: string;
 }
@@ -89,10 +95,14 @@ export class ClusterState extends DurableObject {
   /** leases released before their route call arrived (client gone mid-call): never taken */
   private readonly released = new Map<string, number>();
   private lastSweep = 0;
+  private expiredLeases = 0;
+  private readonly leaseTtlMs: number;
   private readonly documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
 
   constructor(ctx: DurableObjectState, env: unknown) {
     super(ctx, env as never);
+    const ttl = Number((env as { LEASE_TTL_MS?: string } | undefined)?.LEASE_TTL_MS);
+    this.leaseTtlMs = Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_LEASE_TTL_MS;
     ctx.blockConcurrencyWhile(async () => {
       ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS cursor (pool TEXT PRIMARY KEY, value INTEGER NOT NULL)`);
       ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)`);
@@ -109,9 +119,11 @@ export class ClusterState extends DurableObject {
   /** Picks P and D for one request and, unless a dry run, takes its lease: one round trip. */
   route(req: RouteRequest): RouteResponse {
     const now = Date.now();
-    this.syncCluster(req.cluster);
+    // The Worker sends the document's version; the view itself only when this object lacks it.
+    if (req.cluster) this.syncCluster(req.cluster);
+    const cluster = this.cluster;
+    if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.sweep(now);
-    const cluster = req.cluster;
     const serves = (n: ClusterView["nodes"][number]) => !n.models || n.models.includes(req.model);
     const pool = (role: Role) =>
       cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
@@ -161,7 +173,8 @@ export class ClusterState extends DurableObject {
       prefill: colocated ? null : p,
       decode: d,
       tokens: req.tokens,
-      expiresAt: now + LEASE_TTL_MS,
+      expiresAt: now + this.leaseTtlMs,
+      route: req.route ?? "other",
       fallbacks: { prefill: [...decision.prefill.fallbacks], decode: [...decision.decode.fallbacks] },
       model: req.model,
     };
@@ -170,6 +183,14 @@ export class ClusterState extends DurableObject {
     this.take(d, "decode", req.tokens, now);
     this.countRecent(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
     return { ok: true, leaseId, decision };
+  }
+
+  /** The request still runs: its lease lives another TTL. False when it is gone (expired or released). */
+  renew(leaseId: string): boolean {
+    const lease = this.leases.get(leaseId);
+    if (!lease) return false;
+    lease.expiresAt = Date.now() + this.leaseTtlMs;
+    return true;
   }
 
   /** P answered (or gave up): its part of the lease ends now, while D's goes on. */
@@ -221,7 +242,7 @@ export class ClusterState extends DurableObject {
       this.applyOutcome(report.decode, now);
       if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
     }
-    if (leaseId && !this.release(leaseId)) this.remember(this.released, leaseId, now + LEASE_TTL_MS, 10_000);
+    if (leaseId && !this.release(leaseId)) this.remember(this.released, leaseId, now + this.leaseTtlMs, 10_000);
   }
 
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
@@ -420,7 +441,16 @@ export class ClusterState extends DurableObject {
   private sweep(now: number): void {
     if (now - this.lastSweep < 1_000) return;
     this.lastSweep = now;
-    for (const [id, lease] of this.leases) if (lease.expiresAt <= now) this.release(id);
+    for (const [id, lease] of this.leases) {
+      if (lease.expiresAt > now) continue;
+      // Its request stopped renewing without finishing (the runtime dropped it): count and log
+      // it here, the one place that still knows it.
+      this.release(id);
+      this.expiredLeases++;
+      const key = `${lease.route}\u0000499`;
+      this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+      console.warn(JSON.stringify({ event: "lease_expired", leaseId: id, prefill: lease.prefill, decode: lease.decode, model: lease.model }));
+    }
     for (const [id, expiresAt] of this.released) if (expiresAt <= now) this.released.delete(id);
   }
 

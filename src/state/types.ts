@@ -19,7 +19,9 @@ export interface ClusterView {
 }
 
 export interface RouteRequest {
-  cluster: ClusterView;
+  /** version of the document the Worker routes with; the view itself only when the object asks for it */
+  version: string;
+  cluster?: ClusterView | undefined;
   model: string;
   /** hex SHA-256 of the affinity key material, or null */
   key: string | null;
@@ -34,11 +36,13 @@ export interface RouteRequest {
    * call is under way, the Worker can release the lease without having heard the answer.
    */
   leaseId?: string;
+  /** the route's metric label (counted here if the lease expires unreleased) */
+  route?: string;
 }
 
 export type RouteResponse =
   | { ok: true; leaseId: string | null; decision: Decision }
-  | { ok: false; error: SelectionError };
+  | { ok: false; error: SelectionError | { kind: "stale_view" } };
 
 /** How a leg ended, as far as the node's health is concerned. */
 export type LegOutcome = "ok" | "failure" | "client_error" | "aborted";

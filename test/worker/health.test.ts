@@ -144,7 +144,7 @@ describe("with no healthy node for a role", () => {
   beforeEach(healAll);
 
   it("fails open to the least recently failed node and says so", async () => {
-    await putCluster(twoByTwo({ health: { ...health, ejectAfter: 1, ejectBaseMs: 60000 } }));
+    await putCluster(twoByTwo({ health: { ...health, ejectAfter: 1, ejectBaseMs: 60000, ejectMaxMs: 60000 } }));
     await fault("p0", { mode: "status500", count: 1 });
     await fault("p1", { mode: "status500", count: 1 });
     // both P fail once each: ejected for a minute

@@ -21,8 +21,9 @@ describe("sglang protocol: concurrent legs with a bootstrap room", () => {
     expect(ps).toHaveLength(4);
     expect(ds).toHaveLength(4);
     for (let i = 0; i < 4; i++) {
-      const p = ps.find((r) => r.headers["x-request-id"] === `sg-${i}`)!;
-      const d = ds.find((r) => r.headers["x-request-id"] === `sg-${i}`)!;
+      // the upstream id is this request's own (the client's id plus a suffix), shared by its P and D
+      const p = ps.find((r) => r.headers["x-request-id"]!.startsWith(`sg-${i}-`))!;
+      const d = ds.find((r) => r.headers["x-request-id"] === p.headers["x-request-id"])!;
       expect(p.body).toBe(d.body);
       const room = /"bootstrap_room":(\d+)[,}]/.exec(p.body)![1]!;
       expect(BigInt(room) <= (1n << 63n) - 1n).toBe(true);

@@ -1,0 +1,212 @@
+import type { Decision, Role } from "../routing/types";
+import type { ClusterView, FinishReport, LegReport, RouteRequest, RouteResponse } from "../state/types";
+import { logRequest, type RequestLog } from "../observability/log";
+import type { TraceContext } from "../observability/trace";
+
+/** The Durable Object's RPC methods one request uses (the stub, or a fake in unit tests). */
+export interface LeaseState {
+  route(req: RouteRequest): Promise<RouteResponse>;
+  renew(leaseId: string): Promise<unknown>;
+  prefillDone(leaseId: string, report: LegReport): Promise<unknown>;
+  failover(leaseId: string, role: Role, report: LegReport, wantNext: boolean): Promise<{ next: string | null }>;
+  finish(leaseId: string, report: FinishReport): Promise<unknown>;
+}
+
+/** How the request ended; `status` is what the client got (499: it left first). */
+export interface Ending {
+  status: number;
+  outcome: "ok" | "error" | "aborted" | "stalled";
+  error?: string | undefined;
+  legs?: { prefill?: LegReport; decode?: LegReport };
+}
+
+export interface LifeOptions {
+  state: LeaseState;
+  waitUntil(promise: Promise<unknown>): void;
+  requestId: string;
+  /** the route's canonical path: metric label and upstream path */
+  route: string;
+  model: string;
+  policy: string;
+  keyHash: string | null;
+  keySource: string | null;
+  keyLabel?: string | undefined;
+  trace: TraceContext;
+  /** the client's signal (may never fire for a client that left before the response began) */
+  clientSignal: AbortSignal;
+  /** a live request renews its lease this often; the lease expires without it */
+  renewMs: number;
+}
+
+let sequence = 0;
+
+/**
+ * One routed request from its lease to its log line. Everything it owns — the lease (renewed
+ * while the request lives), the abort signal of its legs, the P leg still reading, the log line
+ * and the finish report — ends in `end()`, which runs exactly once whichever path gets there
+ * first: success, error, timeout, the client gone, or the client no longer reading.
+ */
+export class RequestLife {
+  readonly leaseId = crypto.randomUUID();
+  readonly started = Date.now();
+  /** aborted when the request ends or the client leaves: every leg listens to it */
+  private readonly controller = new AbortController();
+  readonly chosen = { prefill: "", decode: "" };
+  decision: Decision | null = null;
+  failOpen: Role[] = [];
+  readonly timings: { routeMs?: number; prefillMs?: number; decodeMs?: number } = {};
+  /** Durable Object calls made, and how many of them the response waited for */
+  private stateCalls = 0;
+  private stateCallsBeforeResponse: number | null = null;
+  private ended = false;
+  private heartbeat: ReturnType<typeof setInterval> | undefined;
+  /** P's part of the lease has been reported (P answered, failed, or there is no P) */
+  prefillReported = false;
+  /** sglang: P's answer is still being read; the request waits for it before it reports */
+  private pendingPrefill: Promise<LegReport | null> | null = null;
+  /** called when the request ends before a D used P's KV handle (vllm: release P's blocks) */
+  private readonly onUnusedHandle: Array<() => Promise<unknown>> = [];
+
+  constructor(private readonly o: LifeOptions) {
+    const onClientAbort = () => this.end({ status: 499, outcome: "aborted", error: "client disconnected", legs: this.abortedLegs() });
+    if (o.clientSignal.aborted) queueMicrotask(onClientAbort);
+    else o.clientSignal.addEventListener("abort", onClientAbort, { once: true });
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  get isEnded(): boolean {
+    return this.ended;
+  }
+
+  /** A request id unique to this request and attempt: engines must never see two in flight with one id. */
+  upstreamId(): string {
+    return `${this.o.requestId.slice(0, 64)}-${this.leaseId.slice(0, 8)}${(sequence++ % 1296).toString(36)}`;
+  }
+
+  get trace(): TraceContext {
+    return this.o.trace;
+  }
+
+  private call<T>(p: Promise<T>): Promise<T> {
+    this.stateCalls++;
+    return p;
+  }
+
+  /** Picks P and D and takes the lease: the one round trip the response waits for. */
+  async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
+    let routed = await this.call(this.o.state.route({ ...request, leaseId: this.leaseId }));
+    // The object has another version of the document (new, or evicted): send it once.
+    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.call(this.o.state.route({ ...request, leaseId: this.leaseId, cluster: view }));
+    this.timings.routeMs = Date.now() - this.started;
+    if (!routed.ok) return routed;
+    // The client left during the call: end() has sent finish, which releases the lease (or, had
+    // it overtaken the call, left a tombstone so the lease was never taken).
+    if (this.ended) return routed;
+    this.decision = routed.decision;
+    this.chosen.prefill = routed.decision.prefill.id;
+    this.chosen.decode = routed.decision.decode.id;
+    this.failOpen = (["prefill", "decode"] as const).filter((r) => routed.decision[r].failOpen);
+    this.heartbeat = setInterval(() => this.o.waitUntil(this.call(this.o.state.renew(this.leaseId))), this.o.renewMs);
+    return routed;
+  }
+
+  /** P answered (or gave up): its part of the lease ends, off the response path. */
+  prefillDone(report: LegReport): void {
+    this.prefillReported = true;
+    if (report.ms !== undefined && report.outcome === "ok") this.timings.prefillMs = report.ms;
+    this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, report)));
+  }
+
+  /** Records a failed leg and asks for the next node of its role (null: none). Awaited: a retry needs it. */
+  async failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null> {
+    const { next } = await this.call(this.o.state.failover(this.leaseId, role, report, wantNext));
+    if (next) this.chosen[role] = next;
+    return next;
+  }
+
+  /** sglang: P's answer still being read when D's is returned. */
+  awaitPrefill(settled: Promise<LegReport | null>): void {
+    this.pendingPrefill = settled;
+  }
+
+  /** A KV handle D has not (yet) been given: released if the request ends before it is. */
+  holdHandle(release: () => Promise<unknown>): () => void {
+    this.onUnusedHandle.push(release);
+    return () => {
+      const i = this.onUnusedHandle.indexOf(release);
+      if (i >= 0) this.onUnusedHandle.splice(i, 1);
+    };
+  }
+
+  /** Work past the response (a handle release), counted among the request's state calls when it is one. */
+  background(work: () => Promise<unknown>): void {
+    this.o.waitUntil(work());
+  }
+
+  /** The response goes out now: the calls made so far are the ones it waited for. */
+  responding(): void {
+    this.stateCallsBeforeResponse = this.stateCalls;
+  }
+
+  private abortedLegs(): Ending["legs"] {
+    const legs: NonNullable<Ending["legs"]> = {};
+    if (this.chosen.decode) legs.decode = { node: this.chosen.decode, outcome: "aborted" };
+    if (this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
+    return legs;
+  }
+
+  /** Ends the request, once: legs closed, lease released, unused handles freed, one log line. */
+  end(e: Ending): void {
+    if (this.ended) return;
+    this.ended = true;
+    clearInterval(this.heartbeat);
+    const pending = e.outcome === "ok" ? this.pendingPrefill : null;
+    // A P still answering after a good D keeps its leg (SGLang aborts a request whose client leaves).
+    if (!pending) this.controller.abort(e.error ?? e.outcome);
+    for (const release of this.onUnusedHandle.splice(0)) this.o.waitUntil(this.call(release()));
+    const legs = { ...e.legs };
+    if (!legs.prefill && this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) {
+      legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
+    }
+    const report = (prefill: LegReport | null): FinishReport => ({
+      route: this.o.route,
+      status: e.status,
+      ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
+      ...(legs.decode ? { decode: legs.decode } : {}),
+      ...(prefill ? { prefill } : legs.prefill ? { prefill: legs.prefill } : {}),
+    });
+    const finish = pending
+      ? pending.then((prefill) => {
+          this.controller.abort("ended");
+          return this.o.state.finish(this.leaseId, report(prefill));
+        })
+      : this.o.state.finish(this.leaseId, report(null));
+    this.o.waitUntil(this.call(finish));
+    const entry: RequestLog = {
+      requestId: this.o.requestId,
+      traceId: this.o.trace.traceId,
+      route: this.o.route,
+      model: this.o.model,
+      policy: this.o.policy,
+      prefill: this.chosen.prefill || undefined,
+      decode: this.chosen.decode || undefined,
+      keyHash: this.o.keyHash?.slice(0, 16) ?? null,
+      keySource: this.o.keySource,
+      rule: this.decision ? `${this.decision.prefill.rule}/${this.decision.decode.rule}` : undefined,
+      status: e.status,
+      outcome: e.outcome,
+      routeMs: this.timings.routeMs,
+      prefillMs: this.timings.prefillMs,
+      decodeTtfbMs: this.timings.decodeMs,
+      totalMs: Date.now() - this.started,
+      stateCalls: this.stateCalls,
+      stateCallsBeforeResponse: this.stateCallsBeforeResponse ?? this.stateCalls,
+      failOpen: this.failOpen.length ? this.failOpen : undefined,
+      error: e.error,
+    };
+    logRequest(entry);
+  }
+}

@@ -1,0 +1,29 @@
+// W3C trace context (https://www.w3.org/TR/trace-context/): the client's trace continues through
+// the router to both legs (vLLM and SGLang read `traceparent` for their OpenTelemetry spans), or
+// the router starts one. The trace id goes into the request's log line.
+
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
+const ZERO_TRACE = /^0+$/;
+
+const hex = (bytes: number) => [...crypto.getRandomValues(new Uint8Array(bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
+
+export interface TraceContext {
+  traceId: string;
+  /** the router's span: the parent of every upstream leg */
+  spanId: string;
+  flags: string;
+  /** the client's tracestate, passed on unchanged */
+  state: string | null;
+  /** a traceparent for one upstream request (a new span under the router's) */
+  child(): string;
+}
+
+export function traceContext(traceparent: string | null | undefined, tracestate: string | null | undefined): TraceContext {
+  const m = traceparent ? TRACEPARENT.exec(traceparent.trim().toLowerCase()) : null;
+  const valid = m && !ZERO_TRACE.test(m[1]!) && !ZERO_TRACE.test(m[2]!);
+  const traceId = valid ? m[1]! : hex(16);
+  const flags = valid ? m[3]! : "01";
+  const state = valid && tracestate ? tracestate.slice(0, 512) : null;
+  const spanId = hex(8);
+  return { traceId, spanId, flags, state, child: () => `00-${traceId}-${spanId}-${flags}` };
+}
