@@ -3,7 +3,7 @@ import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
 import { errorEnvelope, RouterError } from "./errors";
-import { explainRoute, forwardInference, type AppEnv } from "./routes/inference";
+import { explainRoute, forwardGenerate, forwardInference, forwardOneHop, type AppEnv } from "./routes/inference";
 import { listModels } from "./routes/models";
 import { clientAccess } from "./auth/client-access";
 import { headerLimits } from "./auth/request-limits";
@@ -14,6 +14,8 @@ import { statusRoutes } from "./routes/status";
 import { HOP_HEADER } from "./forward/upstream";
 
 const REQUEST_ID = /^[\x21-\x7e]{1,128}$/;
+/** Routes whose requests take a lease: the Durable Object counts them when they finish. */
+const ROUTED_PATHS = new Set(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize", "/generate"]);
 
 export const app = new Hono<AppEnv>();
 
@@ -34,24 +36,27 @@ app.use(async function loopGuard(c, next) {
   }
   await next();
 });
-app.use("/v1/*", clientAccess());
+// The API surface clients call: the OpenAI routes and the engines' native ones the router serves.
+const CLIENT_ROUTES = ["/v1/*", "/tokenize", "/detokenize", "/generate"];
+for (const path of CLIENT_ROUTES) app.use(path, clientAccess());
 app.use("/v1/*", async function countAnswered(c, next) {
   await next();
   // Routed inference requests are counted by the Durable Object when they finish; errors in onError.
-  const path = c.req.path;
-  if (!c.error && c.res.status < 400 && path !== "/v1/chat/completions" && path !== "/v1/completions") recordAnswered(c, c.res.status);
+  if (!c.error && c.res.status < 400 && !ROUTED_PATHS.has(c.req.path)) recordAnswered(c, c.res.status);
 });
 
-app.use("/v1/*", async function limitBody(c, next) {
-  if (c.req.method !== "POST") return next();
-  const maxSize = maxBodyBytes(c.env);
-  return bodyLimit({
-    maxSize,
-    onError: () => {
-      throw new RouterError(413, `The request body exceeds the limit of ${maxSize} bytes.`, "invalid_request_error", "request_too_large");
-    },
-  })(c, next);
-});
+for (const path of CLIENT_ROUTES) {
+  app.use(path, async function limitBody(c, next) {
+    if (c.req.method !== "POST") return next();
+    const maxSize = maxBodyBytes(c.env);
+    return bodyLimit({
+      maxSize,
+      onError: () => {
+        throw new RouterError(413, `The request body exceeds the limit of ${maxSize} bytes.`, "invalid_request_error", "request_too_large");
+      },
+    })(c, next);
+  });
+}
 
 app.get("/healthz", (c) => c.json({ status: "ok" }));
 
@@ -63,6 +68,11 @@ app.get("/v1/models", async (c) => {
 
 app.post("/v1/chat/completions", (c) => forwardInference(c, "chat", "/v1/chat/completions"));
 app.post("/v1/completions", (c) => forwardInference(c, "completion", "/v1/completions"));
+app.post("/v1/responses", (c) => forwardInference(c, "responses", "/v1/responses"));
+app.post("/v1/embeddings", (c) => forwardOneHop(c, "/v1/embeddings", true));
+app.post("/tokenize", (c) => forwardOneHop(c, "/tokenize", false));
+app.post("/detokenize", (c) => forwardOneHop(c, "/detokenize", false));
+app.post("/generate", (c) => forwardGenerate(c));
 
 app.post("/v1/route", async (c) => explainRoute(c, await c.req.text()));
 

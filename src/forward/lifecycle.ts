@@ -64,6 +64,8 @@ export class RequestLife {
   prefillReported = false;
   /** sglang: P's answer is still being read; the request waits for it before it reports */
   private pendingPrefill: Promise<LegReport | null> | null = null;
+  /** a key (hash) under which the state remembers this request's P and D (a stored response's id) */
+  private rememberKey: Promise<string | null> | null = null;
   /** called when the request ends before a D used P's KV handle (vllm: release P's blocks) */
   private readonly onUnusedHandle: Array<() => Promise<unknown>> = [];
 
@@ -132,6 +134,11 @@ export class RequestLife {
     this.pendingPrefill = settled;
   }
 
+  /** The next request that presents this key (hash) should reach the same P and D. */
+  rememberAs(key: Promise<string | null>): void {
+    this.rememberKey = key.catch(() => null);
+  }
+
   /** A KV handle D has not (yet) been given: released if the request ends before it is. */
   holdHandle(release: () => Promise<unknown>): () => void {
     this.onUnusedHandle.push(release);
@@ -171,19 +178,21 @@ export class RequestLife {
     if (!legs.prefill && this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) {
       legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
     }
-    const report = (prefill: LegReport | null): FinishReport => ({
+    const report = (prefill: LegReport | null, remember: string | null): FinishReport => ({
       route: this.o.route,
       status: e.status,
+      ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
       ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
       ...(legs.decode ? { decode: legs.decode } : {}),
       ...(prefill ? { prefill } : legs.prefill ? { prefill: legs.prefill } : {}),
     });
-    const finish = pending
-      ? pending.then((prefill) => {
-          this.controller.abort("ended");
-          return this.o.state.finish(this.leaseId, report(prefill));
-        })
-      : this.o.state.finish(this.leaseId, report(null));
+    const finish =
+      pending || this.rememberKey
+        ? Promise.all([pending, this.rememberKey]).then(([prefill, remember]) => {
+            this.controller.abort("ended");
+            return this.o.state.finish(this.leaseId, report(prefill ?? null, remember ?? null));
+          })
+        : this.o.state.finish(this.leaseId, report(null, null));
     this.o.waitUntil(this.call(finish));
     const entry: RequestLog = {
       requestId: this.o.requestId,

@@ -96,10 +96,11 @@ export async function decodeAttempt(
       const text = await leg.text();
       leg.close();
       try {
+        // an object; an array only for a batched native /generate
         const value: unknown = JSON.parse(text);
-        if (!value || typeof value !== "object" || Array.isArray(value)) throw new Error("not an object");
+        if (!value || typeof value !== "object") throw new Error("not JSON");
       } catch {
-        throw leg.protocolFailure("answered a body that is not a complete JSON object");
+        throw leg.protocolFailure("answered a body that is not complete JSON");
       }
       return { leg, ms: Date.now() - leg.started, body: { kind: "json", text } };
     }

@@ -113,9 +113,28 @@ export async function forwardConcurrent(
   }
 }
 
+/** A batched native /generate (a list of texts or of token lists): one room per item, as SGLang's router sends it. */
+function generateBatchSize(parsed: Record<string, unknown>): number | null {
+  const text = parsed.text;
+  const ids = parsed.input_ids;
+  if (Array.isArray(text)) return text.length;
+  if (Array.isArray(ids) && Array.isArray(ids[0])) return ids.length;
+  return null;
+}
+
 export function forwardSglang(ctx: ForwardContext): Promise<DecodeAnswer> {
   return forwardConcurrent(ctx, (p) => {
-    const body = sglangBody(ctx.raw, bootstrapHost(p.url), p.bootstrapPort, bootstrapRoom());
+    const batch = ctx.path === "/generate" ? generateBatchSize(ctx.parsed) : null;
+    const host = bootstrapHost(p.url);
+    // sgl-project/sglang's router (pd_router.rs inject_bootstrap_into_value) writes arrays for a batch
+    const body =
+      batch === null
+        ? sglangBody(ctx.raw, host, p.bootstrapPort, bootstrapRoom())
+        : withFields(ctx.raw, {
+            bootstrap_host: JSON.stringify(Array(batch).fill(host)),
+            bootstrap_port: JSON.stringify(Array(batch).fill(p.bootstrapPort)),
+            bootstrap_room: `[${Array.from({ length: batch }, bootstrapRoom).join(",")}]`,
+          });
     return { prefill: body, decode: body };
   });
 }

@@ -197,20 +197,26 @@ export function sseUsageRewriter(fix: (usage: Record<string, unknown>) => void):
 export function rewriteUsageLine(line: string, fix: (usage: Record<string, unknown>) => void): string {
   if (!line.startsWith("data:") || !line.includes('"usage"')) return line;
   const json = line.slice(5).trim();
-  const usage = usageOf(json);
-  if (!usage) return line;
-  fix(usage);
-  return `data: ${editMembers(json, { usage: JSON.stringify(usage) })}`;
+  const fixed = fixUsageInBody(json, fix);
+  return fixed === json ? line : `data: ${fixed}`;
 }
 
-/** The usage object of a completion object's JSON text, or null when it has none. */
-export function usageOf(json: string): Record<string, unknown> | null {
+/**
+ * The member of a completion object (or Responses API event) that holds the usage: `usage`
+ * itself, or `response` whose `usage` it is (a Responses object inside `response.completed`).
+ */
+function usageHolder(json: string): { member: "usage" | "response"; value: Record<string, unknown>; usage: Record<string, unknown> } | null {
   try {
-    const event = JSON.parse(json) as { usage?: unknown };
-    return event.usage && typeof event.usage === "object" ? (event.usage as Record<string, unknown>) : null;
+    const event = JSON.parse(json) as { usage?: unknown; response?: { usage?: unknown } };
+    if (event.usage && typeof event.usage === "object") return { member: "usage", value: event.usage as Record<string, unknown>, usage: event.usage as Record<string, unknown> };
+    const response = event.response;
+    if (response && typeof response === "object" && response.usage && typeof response.usage === "object") {
+      return { member: "response", value: response as Record<string, unknown>, usage: response.usage as Record<string, unknown> };
+    }
   } catch {
-    return null;
+    // not JSON: nothing to fix
   }
+  return null;
 }
 
 /** P's token counts: what P prefilled and how much of it P had cached. */
@@ -219,11 +225,18 @@ export interface PrefillUsage {
   cachedTokens: number;
 }
 
-/** P's usage as P reported it (vLLM omits prompt_tokens_details when nothing was cached: that is 0). */
+type UsageShape = {
+  prompt_tokens?: unknown;
+  prompt_tokens_details?: { cached_tokens?: unknown } | null;
+  input_tokens?: unknown;
+  input_tokens_details?: { cached_tokens?: unknown } | null;
+};
+
+/** P's usage as P reported it (vLLM omits prompt_tokens_details when nothing was cached: that is 0). Chat, completions or Responses shape. */
 export function prefillUsageOf(json: Record<string, unknown>): PrefillUsage {
-  const usage = json.usage as { prompt_tokens?: unknown; prompt_tokens_details?: { cached_tokens?: unknown } | null } | undefined;
-  const cached = usage?.prompt_tokens_details?.cached_tokens;
-  const prompt = usage?.prompt_tokens;
+  const usage = json.usage as UsageShape | undefined;
+  const cached = usage?.prompt_tokens_details?.cached_tokens ?? usage?.input_tokens_details?.cached_tokens;
+  const prompt = usage?.prompt_tokens ?? usage?.input_tokens;
   return { promptTokens: typeof prompt === "number" ? prompt : null, cachedTokens: typeof cached === "number" ? cached : 0 };
 }
 
@@ -234,19 +247,21 @@ export function prefillUsageOf(json: Record<string, unknown>): PrefillUsage {
  */
 export function fixUsage(p: PrefillUsage): (usage: Record<string, unknown>) => void {
   return (usage) => {
-    if (p.promptTokens !== null) usage.prompt_tokens = p.promptTokens;
-    const details = usage.prompt_tokens_details && typeof usage.prompt_tokens_details === "object" ? (usage.prompt_tokens_details as Record<string, unknown>) : {};
-    usage.prompt_tokens_details = { ...details, cached_tokens: p.cachedTokens };
-    const prompt = typeof usage.prompt_tokens === "number" ? usage.prompt_tokens : 0;
-    const completion = typeof usage.completion_tokens === "number" ? usage.completion_tokens : 0;
-    usage.total_tokens = prompt + completion;
+    // Responses API usage names the same counts input/output tokens
+    const [prompt, details, completion] = "input_tokens" in usage ? ["input_tokens", "input_tokens_details", "output_tokens"] : ["prompt_tokens", "prompt_tokens_details", "completion_tokens"];
+    if (p.promptTokens !== null) usage[prompt] = p.promptTokens;
+    const held = usage[details] && typeof usage[details] === "object" ? (usage[details] as Record<string, unknown>) : {};
+    usage[details] = { ...held, cached_tokens: p.cachedTokens };
+    const promptTokens = typeof usage[prompt] === "number" ? (usage[prompt] as number) : 0;
+    const completionTokens = typeof usage[completion] === "number" ? (usage[completion] as number) : 0;
+    usage.total_tokens = promptTokens + completionTokens;
   };
 }
 
-/** A non-streamed completion object's text with its usage fixed (other members byte for byte). */
+/** A completion object's (or Responses event's) text with its usage fixed; every other member byte for byte. */
 export function fixUsageInBody(text: string, fix: (usage: Record<string, unknown>) => void): string {
-  const usage = usageOf(text);
-  if (!usage) return text;
-  fix(usage);
-  return editMembers(text, { usage: JSON.stringify(usage) });
+  const holder = usageHolder(text);
+  if (!holder) return text;
+  fix(holder.usage);
+  return editMembers(text, { [holder.member]: JSON.stringify(holder.value) });
 }

@@ -23,6 +23,10 @@ const DROPPED_ON_PREFILL = ["stream_options", "min_tokens", "min_completion_toke
 
 /** P's body: the client's bytes with the prefill-only members set (nothing re-serialised). */
 export function vllmPrefillBody(raw: string, parsed: Record<string, unknown>, kvParams = PREFILL_KV_PARAMS): string {
+  // the Responses API (vLLM accepts kv_transfer_params there too) names its limit max_output_tokens
+  if ("input" in parsed && !("messages" in parsed) && !("prompt" in parsed)) {
+    return withFields(raw, { stream: "false", max_output_tokens: "1", kv_transfer_params: kvParams }, DROPPED_ON_PREFILL);
+  }
   const set: Record<string, string> = { stream: "false", max_tokens: "1" };
   if ("max_completion_tokens" in parsed) set.max_completion_tokens = "1";
   // one handle serves one sequence: P never samples several

@@ -86,7 +86,7 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
   ];
 }
 
-const KNOWN_ROUTES = new Set(["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/route", "/healthz", "/metrics", "/status", "/status.json"]);
+const KNOWN_ROUTES = new Set(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize", "/generate", "/v1/models", "/v1/route", "/healthz", "/metrics", "/status", "/status.json"]);
 
 /** The `route` label: a known path, `/admin`, or `other` (an unknown path must not mint a new series). */
 export function routeLabel(path: string): string {

@@ -3,7 +3,7 @@ import { clusterState, clusterView, currentConfig, requireConfig, servesModel } 
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
 import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
-import { RouterError } from "../errors";
+import { badRequest, RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
 import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
@@ -18,6 +18,10 @@ import type { Decision, Role, SelectionError } from "../routing/types";
 import type { LegReport, RouteRequest } from "../state/types";
 import { background } from "../observability/log";
 import { traceContext } from "../observability/trace";
+import { editMembers } from "../forward/json-text";
+import { sha256Hex } from "../routing/hash";
+import { responseKeyMaterial } from "../routing/affinity-key";
+import { mergeCompletions, mergeStreams, type CompletionObject } from "../forward/batch";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
@@ -52,12 +56,14 @@ export async function buildRouteRequest(
   /** characters of the body as sent: the lease's token estimate (about 4 a token) */
   bodyChars: number,
   dryRun: boolean,
+  /** one node, no disaggregation and no affinity key (embeddings, tokenizer) */
+  oneHop = false,
 ): Promise<{ config: ClusterConfig; version: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
   const snapshot = await currentConfig(c.env);
   const config = requireConfig(snapshot);
-  const model = body.model;
-  const colocated = config.protocol === "colocated";
-  const serving = (role: Role) => config.nodes.some((n) => servesModel(n, model) && (n.role === role || n.role === "both"));
+  const model = typeof body.model === "string" ? body.model : "";
+  const colocated = config.protocol === "colocated" || oneHop;
+  const serving = (role: Role) => config.nodes.some((n) => (!model || servesModel(n, model)) && (n.role === role || n.role === "both"));
   if (!serving("decode") || (!colocated && !serving("prefill"))) {
     throw new RouterError(404, `The model '${model}' does not exist or no node serves it.`, "not_found_error", "model_not_found", "model");
   }
@@ -66,9 +72,9 @@ export async function buildRouteRequest(
     throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
   }
   const policy = config.policy;
-  const keyed = KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode);
+  const keyed = !oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode));
   const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
-  const cacheAware = policy.prefill === "cache_aware" || policy.decode === "cache_aware";
+  const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
   // Only cache_aware needs the prompt rendered as one string; the rest of the policies never pay for it.
   const prefixHashes = cacheAware ? await prefixBlockHashes(canonicalPromptText(body, kind), policy.cacheAware.blockChars) : [];
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
@@ -77,7 +83,7 @@ export async function buildRouteRequest(
     version: snapshot.version,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
-    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun },
+    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun, ...(oneHop ? { oneHop } : {}) },
   };
 }
 
@@ -107,30 +113,35 @@ export function upstreamError(f: UpstreamFailure): RouterError {
   return new RouterError(502, `The ${f.leg} node failed: ${f.message}.`, "upstream_error", "upstream_unavailable");
 }
 
-function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
+export function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
   return `route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
 }
 
-/** The stream carries a usage object only when the client asked for one. */
-function streamHasUsage(parsed: Record<string, unknown>): boolean {
+/** The stream carries a usage object only when the client asked for one (a Responses stream always does). */
+function streamHasUsage(kind: RequestKind, parsed: Record<string, unknown>): boolean {
+  if (kind === "responses") return true;
   const o = parsed.stream_options as { include_usage?: unknown; continuous_usage_stats?: unknown } | null | undefined;
   return Boolean(o && (o.include_usage || o.continuous_usage_stats));
 }
 
-/** POST /v1/chat/completions and /v1/completions: route, run the legs, answer from D. */
-export async function forwardInference(c: Ctx, kind: RequestKind, route: string): Promise<Response> {
-  const requestId = c.get("requestId");
-  const raw = await c.req.text();
-  const body = parseInferenceRequest(raw, kind);
-  const { config, version, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false);
-  request.route = route;
+/** One routed request (or one prompt of a split batch) up to D's answer. */
+interface Routed {
+  life: RequestLife;
+  config: ClusterConfig;
+  answer: DecodeAnswer;
+}
+
+/** Routes one body and runs its protocol until D answered; ends the request's life on failure. */
+async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body: InferenceRequest, requestId: string, oneHop = false): Promise<Routed> {
+  const { config, version, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  request.route = path;
   const env = c.env;
   const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
   const life = new RequestLife({
     state: clusterState(env),
     waitUntil: (p) => background(c, p, requestId),
     requestId,
-    route,
+    route: path,
     model: body.model,
     policy: `${config.policy.prefill}/${config.policy.decode}`,
     keyHash: request.key,
@@ -140,26 +151,15 @@ export async function forwardInference(c: Ctx, kind: RequestKind, route: string)
     clientSignal: c.req.raw.signal,
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
   });
-  const fail = (err: unknown): never => {
-    const error =
-      err instanceof RouterError ? err : err instanceof UpstreamFailure ? upstreamError(err) : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
-    const legs: Ending["legs"] = {};
-    if (err instanceof UpstreamFailure && !wasReported(err)) legs[err.leg] = err.report();
-    life.end({ status: error.status, outcome: error.code === "client_closed_request" ? "aborted" : "error", error: error.message, legs });
-    error.counted = true;
-    throw error;
-  };
-
-  let answer: DecodeAnswer;
   try {
     const routed = await life.route(request, clusterView(config, version));
     if (!routed.ok) throw selectionFailure(routed.error);
-    if (config.protocol === "colocated") life.prefillReported = true;
+    if (config.protocol === "colocated" || oneHop) life.prefillReported = true;
     const nodes = new Map(config.nodes.map((n) => [n.id, n]));
     const ctx: ForwardContext = {
       raw,
       parsed: body,
-      path: route,
+      path,
       stream: body.stream === true,
       life,
       timeouts: config.timeouts,
@@ -167,36 +167,41 @@ export async function forwardInference(c: Ctx, kind: RequestKind, route: string)
       resolve: (id) => upstreamNode(env, nodes.get(id)!),
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
-    answer = await PROTOCOLS[config.protocol](ctx);
+    const answer = await (oneHop ? forwardColocated : PROTOCOLS[config.protocol])(ctx);
+    life.timings.decodeMs = answer.decodeMs;
+    if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
+    return { life, config, answer };
   } catch (err) {
-    return fail(err);
+    const error =
+      err instanceof RouterError ? err : err instanceof UpstreamFailure ? upstreamError(err) : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
+    const legs: Ending["legs"] = {};
+    if (err instanceof UpstreamFailure && !wasReported(err)) legs[err.leg] = err.report();
+    life.end({ status: error.status, outcome: error.code === "client_closed_request" ? "aborted" : "error", error: error.message, legs });
+    error.counted = true;
+    throw error;
   }
+}
 
-  life.timings.decodeMs = answer.decodeMs;
-  if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
-  const headers = new Headers({
-    "x-request-id": requestId,
-    "x-pd-prefill": answer.prefillNode,
-    "x-pd-decode": answer.decodeNode,
-    "server-timing": serverTiming(life.timings.routeMs ?? 0, answer.prefillMs, answer.decodeMs),
-  });
-  if (life.failOpen.length) {
-    headers.set("x-pd-fail-open", life.failOpen.join(","));
-    console.warn(JSON.stringify({ event: "fail_open", requestId, roles: life.failOpen }));
-  }
+const RESPONSE_ID = /"id"\s*:\s*"(resp[^"]{1,200})"/;
+
+/** A Responses API answer's id: the key under which its nodes are remembered for `previous_response_id`. */
+function rememberResponse(life: RequestLife, text: string): void {
+  const id = RESPONSE_ID.exec(text)?.[1];
+  if (id) life.rememberAs(sha256Hex(responseKeyMaterial(id).material));
+}
+
+/** D's answer as the client's body: a whole JSON text, or a relayed stream. Ends the life when the body ends. */
+function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { stream: ReadableStream<Uint8Array> } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
   const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
   life.responding();
-
   if (answer.body.kind === "json") {
     const text = fix ? fixUsageInBody(answer.body.text, fix) : answer.body.text;
-    headers.set("content-type", "application/json");
+    if (kind === "responses") rememberResponse(life, text);
     life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
-    return new Response(text, { status: 200, headers });
+    return { json: text };
   }
-
-  headers.set("content-type", "text/event-stream; charset=utf-8");
-  headers.set("cache-control", "no-cache");
+  if (kind === "responses") rememberResponse(life, new TextDecoder().decode(answer.body.first.subarray(0, 4096)));
   const onEnd = (end: StreamEnd) => {
     switch (end.outcome) {
       case "ok":
@@ -212,14 +217,134 @@ export async function forwardInference(c: Ctx, kind: RequestKind, route: string)
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewriter: fix && streamHasUsage(body) ? sseUsageRewriter(fix) : null,
+    rewriter: fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : null,
     idleMs: config.timeouts.decodeIdleMs,
-    stallMs: intVar(env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
+    stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
     onEnd,
   });
-  return new Response(stream, { status: 200, headers });
+  return { stream };
 }
 
+function answerHeaders(requestId: string, routed: Routed[]): Headers {
+  const first = routed[0]!;
+  const headers = new Headers({
+    "x-request-id": requestId,
+    "x-pd-prefill": routed.map((r) => r.answer.prefillNode).join(","),
+    "x-pd-decode": routed.map((r) => r.answer.decodeNode).join(","),
+    "server-timing": serverTiming(first.life.timings.routeMs ?? 0, first.answer.prefillMs, first.answer.decodeMs),
+  });
+  const failOpen = [...new Set(routed.flatMap((r) => r.life.failOpen))];
+  if (failOpen.length) {
+    headers.set("x-pd-fail-open", failOpen.join(","));
+    console.warn(JSON.stringify({ event: "fail_open", requestId, roles: failOpen }));
+  }
+  return headers;
+}
+
+/** POST /v1/chat/completions, /v1/completions and /v1/responses: route, run the legs, answer from D. */
+export async function forwardInference(c: Ctx, kind: RequestKind, path: string): Promise<Response> {
+  const requestId = c.get("requestId");
+  const raw = await c.req.text();
+  const body = parseInferenceRequest(raw, kind);
+  const prompts = kind === "completion" ? batchPrompts(body) : null;
+  if (prompts) return forwardBatch(c, path, raw, body, prompts, requestId);
+  return singleResponse(c, kind, body, requestId, await route(c, kind, path, raw, body, requestId));
+}
+
+function singleResponse(c: Ctx, kind: RequestKind, body: InferenceRequest, requestId: string, routed: Routed): Response {
+  const headers = answerHeaders(requestId, [routed]);
+  const out = answerBody(c, kind, body, routed);
+  if ("json" in out) {
+    headers.set("content-type", "application/json");
+    return new Response(out.json, { status: 200, headers });
+  }
+  headers.set("content-type", "text/event-stream; charset=utf-8");
+  headers.set("cache-control", "no-cache");
+  return new Response(out.stream, { status: 200, headers });
+}
+
+/**
+ * One hop to a node that serves the body's model (POST /v1/embeddings, /tokenize,
+ * /detokenize): no disaggregation, but the same lease, failover before the first byte, limits,
+ * metrics and log line as every routed request.
+ */
+export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean): Promise<Response> {
+  const requestId = c.get("requestId");
+  const raw = await c.req.text();
+  const body = parseObjectBody(raw, modelRequired);
+  const routed = await route(c, "completion", path, raw, body, requestId, true);
+  return singleResponse(c, "completion", body, requestId, routed);
+}
+
+/** POST /generate (protocol sglang): SGLang's native API, disaggregated like the OpenAI routes. */
+export async function forwardGenerate(c: Ctx): Promise<Response> {
+  const config = requireConfig(await currentConfig(c.env));
+  if (config.protocol !== "sglang") throw new RouterError(404, "POST /generate is SGLang's native API: it is routed only under protocol sglang.", "not_found_error", "unknown_route");
+  const requestId = c.get("requestId");
+  const raw = await c.req.text();
+  const body = parseObjectBody(raw, false);
+  const routed = await route(c, "completion", "/generate", raw, body, requestId);
+  return singleResponse(c, "completion", body, requestId, routed);
+}
+
+/** A JSON object body whose `model`, when present (or required), is a non-empty string. */
+function parseObjectBody(raw: string, modelRequired: boolean): InferenceRequest {
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch {
+    throw badRequest("We could not parse the JSON body of your request.", null, "invalid_json");
+  }
+  if (!value || typeof value !== "object" || Array.isArray(value)) throw badRequest("The request body must be a JSON object.", null, "invalid_json");
+  const model = (value as { model?: unknown }).model;
+  if (model === undefined && modelRequired) throw badRequest("Missing required parameter: 'model'.", "model", "missing_required_parameter");
+  if (model !== undefined && (typeof model !== "string" || !model)) throw badRequest("Invalid value for 'model': must be a non-empty string.", "model", "invalid_type");
+  return value as InferenceRequest;
+}
+
+/** The prompts of a batched completions request (a list of several), or null for one prompt. */
+function batchPrompts(body: InferenceRequest): unknown[] | null {
+  const prompt = (body as { prompt?: unknown }).prompt;
+  if (!Array.isArray(prompt) || prompt.length < 2) return null;
+  return typeof prompt[0] === "string" || Array.isArray(prompt[0]) ? prompt : null;
+}
+
+/**
+ * A batched /v1/completions: vLLM's P returns one KV handle for a whole batch, so D would give
+ * prompts 2..N the first prompt's KV. Each prompt becomes its own P/D request (own lease and
+ * log line, id `<request id>/<i>`), and the answers merge into one: choice indexes as the
+ * engine would number them (prompt i, sample j -> i*n + j), usage summed, streams interleaved
+ * in order of arrival with one [DONE].
+ */
+async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRequest, prompts: unknown[], requestId: string): Promise<Response> {
+  const n = typeof body.n === "number" && body.n > 0 ? body.n : 1;
+  const settled = await Promise.allSettled(
+    prompts.map((prompt, i) => {
+      const subRaw = editMembers(raw, { prompt: JSON.stringify(prompt) });
+      return route(c, "completion", path, subRaw, { ...body, prompt } as InferenceRequest, `${requestId}/${i}`);
+    }),
+  );
+  const failed = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
+  const routed = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
+  if (failed) {
+    // one prompt failed: the batch fails as a whole, and the others' legs close now
+    for (const r of routed) {
+      r.answer.leg.abort("batch failed");
+      r.life.end({ status: 499, outcome: "aborted", error: "another prompt of the batch failed" });
+    }
+    throw failed.reason;
+  }
+  const headers = answerHeaders(requestId, routed);
+  const bodies = routed.map((r) => answerBody(c, "completion", body, r));
+  if (bodies.every((b): b is { json: string } => "json" in b)) {
+    headers.set("content-type", "application/json");
+    return new Response(mergeCompletions(bodies.map((b) => JSON.parse(b.json) as CompletionObject), n), { status: 200, headers });
+  }
+  headers.set("content-type", "text/event-stream; charset=utf-8");
+  headers.set("cache-control", "no-cache");
+  const streams = bodies.map((b) => ("stream" in b ? b.stream : new ReadableStream<Uint8Array>()));
+  return new Response(mergeStreams(streams, n, streamHasUsage("completion", body)), { status: 200, headers });
+}
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
 export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   // The body is the one the client would send: chat when it has top-level messages.

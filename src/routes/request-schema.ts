@@ -38,7 +38,23 @@ export const CompletionRequestSchema = z
   })
   .passthrough();
 
-export type RequestKind = "chat" | "completion";
+/** POST /v1/responses: only what routing reads is checked; the engine validates the rest. */
+export const ResponsesRequestSchema = z
+  .object({
+    model: common.model,
+    stream: common.stream,
+    user: common.user,
+    input: z.union([z.string(), z.array(z.object({}).passthrough())], {
+      required_error: "is required",
+      invalid_type_error: "must be a string or an array of input items",
+    }),
+    instructions: z.string({ invalid_type_error: "must be a string" }).nullable().optional(),
+    max_output_tokens: z.number().int().positive().nullable().optional(),
+    previous_response_id: z.string({ invalid_type_error: "must be a string" }).nullable().optional(),
+  })
+  .passthrough();
+
+export type RequestKind = "chat" | "completion" | "responses";
 export type ChatRequest = z.infer<typeof ChatRequestSchema>;
 export type CompletionRequest = z.infer<typeof CompletionRequestSchema>;
 export type InferenceRequest = (ChatRequest | CompletionRequest) & Record<string, unknown>;
@@ -58,7 +74,8 @@ export function parseInferenceRequest(raw: string, kind: RequestKind): Inference
   if (!value || typeof value !== "object" || Array.isArray(value)) {
     throw badRequest("The request body must be a JSON object.", null, "invalid_json");
   }
-  const parsed = (kind === "chat" ? ChatRequestSchema : CompletionRequestSchema).safeParse(value);
+  const schema = kind === "chat" ? ChatRequestSchema : kind === "completion" ? CompletionRequestSchema : ResponsesRequestSchema;
+  const parsed = schema.safeParse(value);
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
     const param = fieldPath(issue.path) || null;

@@ -1,8 +1,8 @@
 import { sha256Hex } from "./hash";
 import { chatMessages, completionPrompt, isRecord } from "./message-text";
 
-export type AffinityKeySource = "session" | "user" | "chat_prefix" | "prompt_prefix" | "prompt_blocks";
-export type RequestKind = "chat" | "completion";
+export type AffinityKeySource = "previous_response" | "session" | "user" | "chat_prefix" | "prompt_prefix" | "prompt_blocks";
+export type RequestKind = "chat" | "completion" | "responses";
 
 export interface AffinityKeyInput {
   /** the `x-session-id` header, if any */
@@ -38,13 +38,22 @@ const CHAT_SYSTEM_ROLES = new Set(["system", "developer"]);
  * null when none applies (the caller falls back to round robin).
  */
 export function affinityKeyMaterial(input: AffinityKeyInput): AffinityKeyMaterial | null {
+  // A Responses API turn that continues a stored response must reach the nodes that served it
+  // (the response store is the engine's); the router remembers them under this key.
+  const previous = isRecord(input.body) ? input.body.previous_response_id : undefined;
+  if (input.kind === "responses" && typeof previous === "string" && previous) return responseKeyMaterial(previous);
   const session = input.sessionId?.trim();
   if (session) return keyed("session", session);
   const body = input.body;
   if (isRecord(body) && typeof body.user === "string" && body.user.length > 0) {
     return keyed("user", body.user);
   }
-  return input.kind === "chat" ? chatPrefix(body) : promptPrefix(body);
+  return input.kind === "completion" ? promptPrefix(body) : chatPrefix(body);
+}
+
+/** The key under which a stored response's nodes are remembered, and a follow-up finds them. */
+export function responseKeyMaterial(responseId: string): AffinityKeyMaterial {
+  return keyed("previous_response", responseId);
 }
 
 /** The affinity key of a request, hashed (the material itself may be sensitive). */

@@ -23,6 +23,7 @@ export interface ChatMessageView {
 
 /** The body's `messages` as (role, text) pairs; entries that are not messages are dropped. */
 export function chatMessages(body: unknown): ChatMessageView[] {
+  if (isRecord(body) && !Array.isArray(body.messages) && "input" in body) return responsesMessages(body);
   if (!isRecord(body) || !Array.isArray(body.messages)) return [];
   const out: ChatMessageView[] = [];
   for (const message of body.messages) {
@@ -49,4 +50,23 @@ export function completionPrompt(body: unknown): string | number[] | null {
   if (typeof prompt === "string") return prompt;
   if (Array.isArray(prompt) && prompt.every((t): t is number => typeof t === "number")) return prompt;
   return null;
+}
+
+/**
+ * A Responses API body as chat messages: `instructions` is the system message, `input` a user
+ * message (a string) or a list of message items (`{role, content}` with `input_text` parts).
+ */
+export function responsesMessages(body: Record<string, unknown>): ChatMessageView[] {
+  const out: ChatMessageView[] = [];
+  if (typeof body.instructions === "string" && body.instructions) out.push({ role: "system", text: body.instructions });
+  const input = body.input;
+  if (typeof input === "string") out.push({ role: "user", text: input });
+  else if (Array.isArray(input)) {
+    for (const item of input) {
+      if (!isRecord(item) || typeof item.role !== "string") continue;
+      const content = Array.isArray(item.content) ? item.content.map((p) => (isRecord(p) && typeof p.text === "string" ? p.text : "")).join("\n") : contentText(item.content);
+      out.push({ role: item.role, text: content });
+    }
+  }
+  return out;
 }

@@ -39,7 +39,7 @@ export async function prefixBlockHashes(
  * is, a token prompt as its ids joined with commas; for a batch, the first prompt.
  */
 export function canonicalPromptText(body: unknown, kind: RequestKind): string {
-  if (kind === "chat") {
+  if (kind !== "completion") {
     let out = "";
     for (const message of chatMessages(body)) out += `<|${message.role}|>\n${message.text}\n`;
     return out;

@@ -124,10 +124,12 @@ export class ClusterState extends DurableObject {
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.sweep(now);
-    const serves = (n: ClusterView["nodes"][number]) => !n.models || n.models.includes(req.model);
+    // no model (SGLang's /generate, a tokenizer call without one): any node
+    const serves = (n: ClusterView["nodes"][number]) => !n.models || !req.model || n.models.includes(req.model);
     const pool = (role: Role) =>
       cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
-    const colocated = cluster.protocol === "colocated";
+    // one-hop requests (embeddings, tokenizer) take one node, like colocated
+    const colocated = cluster.protocol === "colocated" || req.oneHop === true;
     const usesPrefix = cluster.policy.prefill === "cache_aware" || cluster.policy.decode === "cache_aware";
     const prefill = colocated ? [] : pool("prefill");
     const decode = pool("decode");
@@ -237,6 +239,7 @@ export class ClusterState extends DurableObject {
     const key = `${report.route}\u0000${report.status}`;
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
     if (report.keyLabel) this.countKey(report.keyLabel);
+    if (report.remember) this.remember(this.sticky, report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode }, STICKY_ENTRIES);
     if (report.prefill) this.applyOutcome(report.prefill, now);
     if (report.decode) {
       this.applyOutcome(report.decode, now);

@@ -36,6 +36,8 @@ export interface RouteRequest {
    * call is under way, the Worker can release the lease without having heard the answer.
    */
   leaseId?: string;
+  /** one hop to one decode-capable node (embeddings, tokenizer), whatever the protocol */
+  oneHop?: boolean;
   /** the route's metric label (counted here if the lease expires unreleased) */
   route?: string;
 }
@@ -56,6 +58,8 @@ export interface LegReport {
 
 export interface FinishReport {
   route: string;
+  /** remember these nodes under this key (hash): a later request presenting it is sticky to them */
+  remember?: { key: string; prefill: string; decode: string };
   status: number;
   /** short hash of the client's API key, counted per key (never the key) */
   keyLabel?: string;

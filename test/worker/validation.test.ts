@@ -66,7 +66,7 @@ describe("bad request bodies get a 400 envelope naming the field", () => {
   });
   it("an unknown route is a 404 envelope", async () => {
     await expectEnvelope(await SELF.fetch("http://router/v2/whatever"), 404, null, "unknown_route");
-    await expectEnvelope(await post("/v1/embeddings", { model: "sim-model", input: "x" }), 404, null, "unknown_route");
+    await expectEnvelope(await post("/v1/audio/speech", { model: "sim-model", input: "x" }), 404, null, "unknown_route");
   });
   it("an unknown model is a 404 envelope naming model", async () => {
     await expectEnvelope(await post("/v1/chat/completions", chat("x", { model: "gpt-9" })), 404, "model", "model_not_found");
