@@ -74,6 +74,12 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
     { name: "pd_router_prefill_seconds", help: "Time the prefill leg took (until P answered).", type: "histogram", samples: [snapshot.latency.prefill] },
     { name: "pd_router_leases", help: "Requests holding a load lease in the Durable Object.", type: "gauge", samples: [{ value: snapshot.leases }] },
     {
+      name: "pd_router_leases_expired_total",
+      help: "Leases that expired unreleased: their request stopped renewing without finishing (counted as 499).",
+      type: "counter",
+      samples: [{ value: snapshot.expiredLeases }],
+    },
+    {
       name: "pd_router_key_requests_total",
       help: "Authenticated requests, by API key label (the first 12 hex digits of a SHA-256 of the key).",
       type: "counter",

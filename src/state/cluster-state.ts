@@ -308,6 +308,7 @@ export class ClusterState extends DurableObject {
       version: this.cluster?.version ?? null,
       nodes,
       leases: this.leases.size,
+      expiredLeases: this.expiredLeases,
       requests: split(this.requests).map(({ parts, count }) => ({ route: parts[0]!, status: Number(parts[1]), count })),
       decisions: split(this.decisions).map(({ parts, count }) => ({ role: parts[0] as Role, rule: parts[1]!, count })),
       prefix: {

@@ -94,6 +94,8 @@ export interface ClusterSnapshot {
   version: string | null;
   nodes: NodeStatus[];
   leases: number;
+  /** leases that expired unreleased (their request stopped renewing without finishing) */
+  expiredLeases: number;
   requests: Array<{ route: string; status: number; count: number }>;
   decisions: Array<{ role: Role; rule: string; count: number }>;
   prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
