@@ -26,6 +26,12 @@ export interface RelayOptions {
   stallMs: number;
   /** called once, however the stream ends */
   onEnd(end: StreamEnd): void;
+  /**
+   * Keeps the relay running past the client (the request's waitUntil). workerd cancels a
+   * request's pending I/O and timers once it finds its client gone, unless waitUntil holds
+   * them: without this the relay would never reach onEnd (no log line, no release but expiry).
+   */
+  waitUntil?(promise: Promise<unknown>): void;
 }
 
 const encoder = new TextEncoder();
@@ -38,8 +44,18 @@ const encoder = new TextEncoder();
  * instead of holding them for nobody. Nothing is buffered beyond the chunk in hand.
  */
 export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
-  const { readable, writable } = new TransformStream<Uint8Array, Uint8Array>();
+  let relay!: TransformStreamDefaultController<Uint8Array>;
+  const { readable, writable } = new TransformStream<Uint8Array, Uint8Array>({ start: (c) => void (relay = c) });
   const writer = writable.getWriter();
+  // Ends the client's side from here. Not writer.abort(): a write waiting for a reader that never
+  // comes holds the abort back until that write completes, which is never (streams spec).
+  const endClientSide = (why: string) => {
+    try {
+      relay.error(new Error(why));
+    } catch {
+      // already closed or errored
+    }
+  };
   let readingSince = 0;
   let writingSince = 0;
   let idle = false;
@@ -50,7 +66,7 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
     if (writingSince && now - writingSince > o.stallMs) {
       stalled = true;
       o.leg.abort("client stopped reading");
-      writer.abort(new Error("client stopped reading")).catch(() => undefined);
+      endClientSide("client stopped reading");
     } else if (readingSince && now - readingSince > o.idleMs) {
       idle = true;
       o.leg.abort("decode idle timeout");
@@ -109,16 +125,17 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   const clientGone = (): StreamEnd => {
     o.leg.abort("client went away");
     o.reader.cancel().catch(() => undefined);
-    writer.abort().catch(() => undefined);
+    endClientSide("client went away");
     return stalled ? { outcome: "stalled", error: `the client read nothing for ${o.stallMs} ms` } : { outcome: "aborted", error: "client disconnected" };
   };
-  void pump()
+  const done = pump()
     .catch((err): StreamEnd => ({ outcome: "failure", error: String(err), timeout: false }))
     .then((end) => {
       clearInterval(watchdog);
       o.leg.close();
       o.onEnd(end);
     });
+  o.waitUntil?.(done);
   return readable;
 }
 

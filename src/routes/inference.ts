@@ -221,6 +221,7 @@ function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, c
     idleMs: config.timeouts.decodeIdleMs,
     stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
     onEnd,
+    waitUntil: (p) => life.background(() => p),
   });
   return { stream };
 }
