@@ -40,6 +40,9 @@ export interface LifeOptions {
 
 let sequence = 0;
 
+/** How long P's good answer may wait to travel with the finish report (see prefillDone). */
+export const PREFILL_REPORT_DELAY_MS = 250;
+
 /**
  * One routed request from its lease to its log line. Everything it owns — the lease (renewed
  * while the request lives), the abort signal of its legs, the P leg still reading, the log line
@@ -62,6 +65,9 @@ export class RequestLife {
   private heartbeat: ReturnType<typeof setInterval> | undefined;
   /** P's part of the lease has been reported (P answered, failed, or there is no P) */
   prefillReported = false;
+  /** P's good answer, not yet reported: it travels with the finish report when that comes soon */
+  private deferredPrefill: LegReport | null = null;
+  private prefillTimer: ReturnType<typeof setTimeout> | undefined;
   /** sglang: P's answer is still being read; the request waits for it before it reports */
   private pendingPrefill: Promise<LegReport | null> | null = null;
   /** a key (hash) under which the state remembers this request's P and D (a stored response's id) */
@@ -115,11 +121,31 @@ export class RequestLife {
     return routed;
   }
 
-  /** P answered (or gave up): its part of the lease ends, off the response path. */
+  /**
+   * P answered (or gave up): its part of the lease ends, off the response path. A good answer's
+   * report waits up to PREFILL_REPORT_DELAY_MS to travel with the finish report (one state call
+   * instead of two for a short request); P's in-flight count lags by at most that much.
+   */
   prefillDone(report: LegReport): void {
     this.prefillReported = true;
-    if (report.ms !== undefined && report.outcome === "ok") this.timings.prefillMs = report.ms;
-    this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, report)));
+    if (report.outcome !== "ok") {
+      this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, report)));
+      return;
+    }
+    if (report.ms !== undefined) this.timings.prefillMs = report.ms;
+    this.deferredPrefill = report;
+    clearTimeout(this.prefillTimer);
+    this.prefillTimer = setTimeout(() => {
+      const deferred = this.takeDeferredPrefill();
+      if (deferred) this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, deferred)));
+    }, PREFILL_REPORT_DELAY_MS);
+  }
+
+  private takeDeferredPrefill(): LegReport | null {
+    const report = this.deferredPrefill;
+    this.deferredPrefill = null;
+    clearTimeout(this.prefillTimer);
+    return report;
   }
 
   /** Records a failed leg and asks for the next node of its role (null: none). Awaited: a retry needs it. */
@@ -178,13 +204,18 @@ export class RequestLife {
     if (!legs.prefill && this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) {
       legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
     }
+    // P's report: its failure (sglang), else its deferred good answer, else "aborted" if it never answered
+    const prefillPart = (failed: LegReport | null): { prefill?: LegReport } => {
+      const prefill = failed ?? this.takeDeferredPrefill() ?? legs.prefill;
+      return prefill ? { prefill } : {};
+    };
     const report = (prefill: LegReport | null, remember: string | null): FinishReport => ({
       route: this.o.route,
       status: e.status,
       ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
       ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
       ...(legs.decode ? { decode: legs.decode } : {}),
-      ...(prefill ? { prefill } : legs.prefill ? { prefill: legs.prefill } : {}),
+      ...prefillPart(prefill),
     });
     const finish =
       pending || this.rememberKey

@@ -240,7 +240,10 @@ export class ClusterState extends DurableObject {
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
     if (report.keyLabel) this.countKey(report.keyLabel);
     if (report.remember) this.remember(this.sticky, report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode }, STICKY_ENTRIES);
-    if (report.prefill) this.applyOutcome(report.prefill, now);
+    if (report.prefill) {
+      this.applyOutcome(report.prefill, now);
+      if (report.prefill.ms !== undefined && report.prefill.outcome === "ok") observe(this.latency.prefill, report.prefill.ms);
+    }
     if (report.decode) {
       this.applyOutcome(report.decode, now);
       if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
