@@ -8,7 +8,7 @@ import { forwardColocated } from "../forward/colocated";
 import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
-import { fixUsage, fixUsageInBody, relayStream, sseUsageRewriter, type StreamEnd } from "../forward/stream";
+import { fixUsage, fixUsageInBody, relayStream, sseUsageRewriter, type ChunkRewriter, type StreamEnd } from "../forward/stream";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
@@ -190,6 +190,25 @@ function rememberResponse(life: RequestLife, text: string): void {
   if (id) life.rememberAs(sha256Hex(responseKeyMaterial(id).material));
 }
 
+/** Reads a Responses stream's opening bytes (response.created) for its id, however D's chunks split them; every byte passes on. */
+function responseIdWatcher(life: RequestLife, inner: ChunkRewriter | null): ChunkRewriter {
+  const decoder = new TextDecoder();
+  let seen: string | null = "";
+  return {
+    chunk(bytes) {
+      if (seen !== null) {
+        seen += decoder.decode(bytes, { stream: true });
+        if (RESPONSE_ID.test(seen) || seen.length > 65536) {
+          rememberResponse(life, seen);
+          seen = null;
+        }
+      }
+      return inner ? inner.chunk(bytes) : bytes;
+    },
+    flush: () => (inner ? inner.flush() : new Uint8Array(0)),
+  };
+}
+
 /** D's answer as the client's body: a whole JSON text, or a relayed stream. Ends the life when the body ends. */
 function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { stream: ReadableStream<Uint8Array> } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
@@ -201,7 +220,6 @@ function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, c
     life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
     return { json: text };
   }
-  if (kind === "responses") rememberResponse(life, new TextDecoder().decode(answer.body.first.subarray(0, 4096)));
   const onEnd = (end: StreamEnd) => {
     switch (end.outcome) {
       case "ok":
@@ -217,7 +235,7 @@ function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, c
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewriter: fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : null,
+    rewriter: kind === "responses" ? responseIdWatcher(life, fix ? sseUsageRewriter(fix) : null) : fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : null,
     idleMs: config.timeouts.decodeIdleMs,
     stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
     onEnd,

@@ -1,0 +1,306 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { expectNoLoad, post, putCluster, received, resetClusterState, resetSim, D3, P3 } from "./helpers";
+
+// POST /v1/responses (issue 13 item 1) through the real Worker: disaggregated like chat under
+// vllm (P gets max_output_tokens 1 and a handle request, D the client's body plus P's handle),
+// same body plus bootstrap fields under sglang, one hop colocated; typed SSE events pass
+// through in order, and the usage of the answer / of response.completed comes from P.
+
+/** Keys differ from run to run so the Durable Object's sticky map never carries one over. */
+const RUN = crypto.randomUUID().slice(0, 8);
+const rr = { prefill: "round_robin", decode: "round_robin" };
+const affinity = { prefill: "affinity", decode: "affinity" };
+
+const responsesBody = (input: unknown = "Explain disaggregated serving", extra: Record<string, unknown> = {}) => ({
+  model: "sim-model",
+  instructions: "You are terse.",
+  input,
+  max_output_tokens: 5,
+  ...extra,
+});
+
+/** `event: <type>\ndata: <json>` frames of a Responses stream, in order. */
+function sseEvents(text: string): Array<{ event: string | null; data: any }> {
+  return text
+    .split("\n\n")
+    .filter((frame) => frame.trim())
+    .map((frame) => {
+      const event = /^event: (.*)$/m.exec(frame)?.[1] ?? null;
+      const data = /^data: (.*)$/m.exec(frame)?.[1];
+      return { event, data: data === undefined ? undefined : JSON.parse(data) };
+    });
+}
+
+const EVENT_ORDER = [
+  "response.created",
+  "response.in_progress",
+  "response.output_item.added",
+  "response.content_part.added",
+  ...Array(5).fill("response.output_text.delta"),
+  "response.output_text.done",
+  "response.content_part.done",
+  "response.output_item.done",
+  "response.completed",
+];
+
+describe("POST /v1/responses under vllm: P then D with kv_transfer_params", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+  });
+
+  it("non-streamed: P gets one output token and a handle request, D the client's body plus P's handle; usage from P", async () => {
+    const raw = JSON.stringify(responsesBody(`cold prompt ${RUN}`, { temperature: 0.3, metadata: { ticket: "t-1" } })).replace(/}$/, ',"seed":12345678901234567890}');
+    const res = await post("/v1/responses", raw, { "x-request-id": "resp-nonstream", authorization: "Bearer client-secret" });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toContain("application/json");
+    expect(res.headers.get("x-pd-prefill")).toBe("p0");
+    expect(res.headers.get("x-pd-decode")).toBe("d0");
+    expect(res.headers.get("x-request-id")).toBe("resp-nonstream");
+    const json: any = await res.json();
+    expect(json.object).toBe("response");
+    expect(json.id).toMatch(/^resp_/);
+    expect(json.output[0].content[0].text.split(" ")).toHaveLength(5);
+    // D counts the KV it pulled as cached; the client sees P's view: a cold prompt, nothing cached
+    expect(json.usage.input_tokens).toBeGreaterThan(0);
+    expect(json.usage.input_tokens_details.cached_tokens).toBe(0);
+    expect(json.usage.output_tokens).toBe(5);
+    expect(json.usage.total_tokens).toBe(json.usage.input_tokens + 5);
+
+    const [p] = await received("p0");
+    const [d] = await received("d0");
+    expect(p!.path).toBe("/v1/responses");
+    expect(d!.path).toBe("/v1/responses");
+    const pBody = JSON.parse(p!.body);
+    expect(pBody.stream).toBe(false);
+    expect(pBody.max_output_tokens).toBe(1);
+    expect(pBody).not.toHaveProperty("max_tokens");
+    expect(pBody.instructions).toBe("You are terse.");
+    expect(pBody.temperature).toBe(0.3);
+    expect(pBody.kv_transfer_params).toEqual({
+      do_remote_decode: true,
+      do_remote_prefill: false,
+      remote_engine_id: null,
+      remote_block_ids: null,
+      remote_host: null,
+      remote_port: null,
+    });
+    // D: the client's bytes plus P's handle, nothing else changed
+    const dBody = JSON.parse(d!.body);
+    expect(dBody.kv_transfer_params.do_remote_prefill).toBe(true);
+    expect(dBody.kv_transfer_params.remote_engine_id).toBe("p0");
+    const { kv_transfer_params: _, ...dRest } = dBody;
+    expect(dRest).toEqual({ ...JSON.parse(raw), seed: dRest.seed });
+    expect(d!.body).toContain('"seed":12345678901234567890');
+    expect(p!.body).toContain('"seed":12345678901234567890');
+    expect(d!.headers["x-request-id"]).toBe(p!.headers["x-request-id"]);
+    expect(p!.headers["x-request-id"]).toMatch(/^resp-nonstream-\w+$/);
+    expect(p!.headers.authorization).toBeUndefined();
+    expect(d!.headers.authorization).toBeUndefined();
+    await expectNoLoad();
+  });
+
+  it("a warm prompt: cached_tokens is what P had cached", async () => {
+    const long = `The same long instructions ${RUN}. `.repeat(300);
+    const first: any = await (await post("/v1/responses", responsesBody("first", { instructions: long }))).json();
+    expect(first.usage.input_tokens_details.cached_tokens).toBe(0);
+    const second: any = await (await post("/v1/responses", responsesBody("second", { instructions: long }))).json();
+    expect(second.usage.input_tokens_details.cached_tokens).toBeGreaterThan(0);
+    expect(second.usage.input_tokens_details.cached_tokens).toBeLessThan(second.usage.input_tokens);
+    await expectNoLoad();
+  });
+
+  it("streamed: typed events pass through in order, response.completed's usage reconciled from P", async () => {
+    const res = await post("/v1/responses", responsesBody(`streamed ${RUN}`, { stream: true }));
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toContain("text/event-stream");
+    expect(res.headers.get("x-pd-prefill")).toBe("p0");
+    expect(res.headers.get("x-pd-decode")).toBe("d0");
+    const text = await res.text();
+    // the Responses API ends on response.completed: no chat-style [DONE] added by the router
+    expect(text).not.toContain("[DONE]");
+    const events = sseEvents(text);
+    expect(events.map((e) => e.event)).toEqual(EVENT_ORDER);
+    // each frame's data type matches its event line, sequence numbers count from 0 unbroken
+    for (const [i, e] of events.entries()) {
+      expect(e.data.type).toBe(e.event);
+      expect(e.data.sequence_number).toBe(i);
+    }
+    const deltas = events.filter((e) => e.event === "response.output_text.delta").map((e) => e.data.delta);
+    const done = events.find((e) => e.event === "response.output_text.done")!;
+    expect(done.data.text).toBe(deltas.join(""));
+    const completed = events.at(-1)!.data.response;
+    expect(completed.usage.input_tokens).toBeGreaterThan(0);
+    expect(completed.usage.input_tokens_details.cached_tokens).toBe(0);
+    expect(completed.usage.output_tokens).toBe(5);
+    expect(completed.usage.total_tokens).toBe(completed.usage.input_tokens + 5);
+    // the other members of the final response are D's, untouched
+    expect(completed.id).toBe(events[0]!.data.response.id);
+    expect(completed.output[0].content[0].text).toBe(deltas.join(""));
+
+    const [p] = await received("p0");
+    const [d] = await received("d0");
+    const pBody = JSON.parse(p!.body);
+    expect(pBody.stream).toBe(false);
+    expect(pBody.max_output_tokens).toBe(1);
+    expect(pBody.kv_transfer_params.do_remote_decode).toBe(true);
+    const dBody = JSON.parse(d!.body);
+    expect(dBody.stream).toBe(true);
+    expect(dBody.max_output_tokens).toBe(5);
+    expect(dBody.kv_transfer_params.remote_engine_id).toBe("p0");
+    await expectNoLoad();
+  });
+
+  it("a streamed warm prompt: response.completed carries P's cached_tokens", async () => {
+    const long = `Long shared instructions for the stream ${RUN}. `.repeat(300);
+    await (await post("/v1/responses", responsesBody("warm-up", { instructions: long }))).text();
+    const text = await (await post("/v1/responses", responsesBody("again", { instructions: long, stream: true }))).text();
+    const completed = sseEvents(text).at(-1)!;
+    expect(completed.event).toBe("response.completed");
+    expect(completed.data.response.usage.input_tokens_details.cached_tokens).toBeGreaterThan(0);
+    expect(completed.data.response.usage.input_tokens_details.cached_tokens).toBeLessThan(completed.data.response.usage.input_tokens);
+    await expectNoLoad();
+  });
+});
+
+describe("POST /v1/responses under sglang and colocated", () => {
+  beforeEach(resetSim);
+
+  it("sglang: P and D get the same body plus the bootstrap fields, D's events reach the client", async () => {
+    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p1", role: "prefill", bootstrapPort: 9123 } as any, { id: "d0", role: "decode" }] });
+    for (const stream of [false, true]) {
+      const res = await post("/v1/responses", responsesBody(`sglang ${stream} ${RUN}`, { stream }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-pd-prefill")).toBe("p1");
+      expect(res.headers.get("x-pd-decode")).toBe("d0");
+      const text = await res.text();
+      if (stream) expect(sseEvents(text).map((e) => e.event)).toEqual(EVENT_ORDER);
+      else expect(JSON.parse(text).object).toBe("response");
+    }
+    const ps = await received("p1");
+    const ds = await received("d0");
+    expect(ps).toHaveLength(2);
+    expect(ds).toHaveLength(2);
+    for (const p of ps) {
+      const d = ds.find((r) => r.headers["x-request-id"] === p.headers["x-request-id"])!;
+      expect(d.body).toBe(p.body);
+      expect(p.path).toBe("/v1/responses");
+      const body = JSON.parse(p.body);
+      expect(body.bootstrap_host).toBe("127.0.0.1");
+      expect(body.bootstrap_port).toBe(9123);
+      expect(BigInt(/"bootstrap_room":(\d+)/.exec(p.body)![1]!) < 1n << 63n).toBe(true);
+      expect(body.max_output_tokens).toBe(5);
+      expect(body).not.toHaveProperty("kv_transfer_params");
+    }
+    await expectNoLoad();
+  });
+
+  it("colocated: one hop, the client's bytes as they are", async () => {
+    await putCluster({ protocol: "colocated", policy: rr, nodes: [{ id: "c0", role: "both" }] });
+    const raw = JSON.stringify(responsesBody(`colocated ${RUN}`, { stream: true }));
+    const res = await post("/v1/responses", raw);
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-pd-prefill")).toBe("c0");
+    expect(res.headers.get("x-pd-decode")).toBe("c0");
+    const events = sseEvents(await res.text());
+    expect(events.map((e) => e.event)).toEqual(EVENT_ORDER);
+    const [c] = await received("c0");
+    expect(c!.path).toBe("/v1/responses");
+    expect(c!.body).toBe(raw);
+    await expectNoLoad();
+  });
+});
+
+describe("POST /v1/responses affinity", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+    await putCluster({ protocol: "vllm", policy: affinity, nodes: [...P3, ...D3] });
+  });
+
+  const place = async (body: unknown) => {
+    const res = await post("/v1/responses", body);
+    expect(res.status).toBe(200);
+    const json: any = await res.json();
+    return { id: json.id as string, p: res.headers.get("x-pd-prefill")!, d: res.headers.get("x-pd-decode")! };
+  };
+
+  it("two turns with the same instructions and first input land on the same P and D", async () => {
+    const placements = new Set<string>();
+    for (let c = 0; c < 6; c++) {
+      const first = { role: "user", content: `Conversation ${c} of ${RUN}: my deployment returns 502.` };
+      const one = await place(responsesBody([first], { instructions: `Support assistant ${RUN}` }));
+      const two = await place(
+        responsesBody([first, { role: "assistant", content: "Check the decode pool." }, { role: "user", content: "Still failing." }], { instructions: `Support assistant ${RUN}` }),
+      );
+      expect(two.p).toBe(one.p);
+      expect(two.d).toBe(one.d);
+      placements.add(`${one.p}/${one.d}`);
+    }
+    // the key spreads conversations over the nodes rather than pinning them all to one pair
+    expect(placements.size).toBeGreaterThan(1);
+    await expectNoLoad();
+  });
+
+  it("a previous_response_id turn reaches the nodes that served that response, streamed or not", async () => {
+    for (const stream of [false, true]) {
+      for (let c = 0; c < 4; c++) {
+        let first: { id: string; p: string; d: string };
+        if (stream) {
+          const res = await post("/v1/responses", responsesBody(`Stored conversation ${c} ${stream} ${RUN}`, { stream: true }));
+          const events = sseEvents(await res.text());
+          first = { id: events.at(-1)!.data.response.id, p: res.headers.get("x-pd-prefill")!, d: res.headers.get("x-pd-decode")! };
+        } else {
+          first = await place(responsesBody(`Stored conversation ${c} ${stream} ${RUN}`));
+        }
+        // the finish report that remembers the nodes runs after the response: let it land
+        await expectNoLoad();
+        // a follow-up whose own text would hash elsewhere: only the response id ties it to the first turn
+        for (let t = 0; t < 3; t++) {
+          const next = await place(responsesBody(`Unrelated follow-up ${t} ${c} ${RUN}`, { instructions: `Other ${t}`, previous_response_id: first.id }));
+          expect({ stream, c, turn: t, p: next.p, d: next.d }).toEqual({ stream, c, turn: t, p: first.p, d: first.d });
+        }
+        const [lastD] = (await received(first.d)).slice(-1);
+        expect(JSON.parse(lastD!.body).previous_response_id).toBe(first.id);
+      }
+    }
+    await expectNoLoad();
+  });
+});
+
+describe("POST /v1/responses validation", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+  });
+  afterEach(() => vi.restoreAllMocks());
+
+  it.each([
+    ["input missing", { model: "sim-model" }, "input"],
+    ["input a number", { model: "sim-model", input: 3 }, "input"],
+    ["model missing", { input: "hi" }, "model"],
+    ["max_output_tokens zero", { model: "sim-model", input: "hi", max_output_tokens: 0 }, "max_output_tokens"],
+    ["instructions not a string", { model: "sim-model", input: "hi", instructions: 7 }, "instructions"],
+    ["previous_response_id not a string", { model: "sim-model", input: "hi", previous_response_id: 1 }, "previous_response_id"],
+    ["stream not a boolean", { model: "sim-model", input: "hi", stream: "yes" }, "stream"],
+  ])("400 naming the field: %s", async (_, body, param) => {
+    const res = await post("/v1/responses", body);
+    expect(res.status).toBe(400);
+    const json: any = await res.json();
+    expect(json.error).toMatchObject({ type: "invalid_request_error", param });
+    expect(json.error.message).toContain(param);
+    // nothing reached the engines
+    expect(await received("p0")).toHaveLength(0);
+    expect(await received("d0")).toHaveLength(0);
+  });
+
+  it("400 for a body that is not JSON, and 404 for a model no node serves", async () => {
+    const bad = await post("/v1/responses", "{not json");
+    expect(bad.status).toBe(400);
+    expect(((await bad.json()) as any).error.code).toBe("invalid_json");
+    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill", models: ["sim-model"] }, { id: "d0", role: "decode", models: ["sim-model"] }] });
+    const missing = await post("/v1/responses", responsesBody("x", { model: "other-model" }));
+    expect(missing.status).toBe(404);
+    expect(((await missing.json()) as any).error).toMatchObject({ code: "model_not_found", param: "model" });
+  });
+});
