@@ -8,8 +8,13 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
 
 /**
  * @typedef {'prefill' | 'decode' | 'both'} EngineRole
- * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow' | 'eos'} FaultMode
- * @typedef {{ mode?: FaultMode, count?: number, delayMs?: number, afterChunks?: number, health?: boolean }} Fault
+ * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow' | 'eos' | 'respond' | 'stall' | 'flood' | 'bigint'} FaultMode
+ * `respond`: answer `status` with `headers` and `body`, whatever was asked (a misconfigured or
+ * hostile node: 401, 3xx, 204, garbage); `stall`: stop sending after `afterChunks` events (half
+ * the body when not streamed) and keep the connection open; `flood`: an SSE answer whose first
+ * line is `bytes` long, ended by a newline only when `newline`; `bigint`: a vLLM P whose
+ * kv_transfer_params carries `remote_big_id` 12345678901234567890 (beyond 2^53).
+ * @typedef {{ mode?: FaultMode, count?: number, delayMs?: number, afterChunks?: number, health?: boolean, status?: number, headers?: Record<string, string>, body?: string, bytes?: number, newline?: boolean }} Fault
  * @typedef {'vllmPrefill' | 'vllmDecode' | 'sglangPrefill' | 'sglangDecode' | 'colocated'} LegKind
  *
  * @typedef {object} EngineOptions
@@ -265,7 +270,7 @@ export async function startEngine(options) {
   /** @type {Map<string, RequestStats>} */
   let requestStats = new Map();
   /** @type {Required<Fault>} */
-  let fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
+  let fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true, status: 200, headers: {}, body: '', bytes: 0, newline: true };
   let inflight = 0;
   let decodingNow = 0;
   let transfersNow = 0;
@@ -446,6 +451,11 @@ export async function startEngine(options) {
         }
         if (stream) {
           chunksSent++;
+          if (ctx.stallAfterChunks !== undefined && chunksSent >= ctx.stallAfterChunks) {
+            // silent from here on, connection open, until the client gives up
+            res.write(data);
+            return await untilClosed(ctx);
+          }
           if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
             // let the chunks reach the client first, so it sees a stream that breaks, not none
             await new Promise((resolve) => res.write(data, () => resolve(undefined)));
@@ -476,6 +486,12 @@ export async function startEngine(options) {
       ? { id: idStr, object: 'chat.completion', created, model, choices: texts.map((t, c) => ({ index: c, message: { role: 'assistant', content: t.join('') }, logprobs: null, finish_reason: 'length' })), usage: gen.usage }
       : { id: idStr, object: 'text_completion', created, model, choices: texts.map((t, c) => ({ index: c, text: t.join(''), logprobs: null, finish_reason: 'length' })), usage: gen.usage };
     const json = JSON.stringify(body);
+    if (ctx.stallAfterChunks !== undefined) {
+      // stall on a non-stream answer: half a body, then silence with the connection open
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write(json.slice(0, Math.floor(json.length / 2)));
+      return await untilClosed(ctx);
+    }
     if (ctx.destroyAfterChunks !== undefined) {
       // midstream on a non-stream answer: half a body, then the connection dies
       res.writeHead(200, { 'content-type': 'application/json' });
@@ -489,7 +505,7 @@ export async function startEngine(options) {
   }
 
   /**
-   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
+   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
    */
 
   /** @param {string | number[]} q */
@@ -590,6 +606,18 @@ export async function startEngine(options) {
         case 'eos':
           // a vllm prefill that stopped on EOS: answered, but without kv_transfer_params
           ctx.omitKvTransferParams = true;
+          break;
+        case 'respond':
+          res.writeHead(fault.status, fault.headers);
+          res.end(fault.body);
+          return;
+        case 'stall':
+          ctx.stallAfterChunks = fault.afterChunks;
+          break;
+        case 'flood':
+          return flood(res, fault.bytes, fault.newline);
+        case 'bigint':
+          ctx.bigKvInt = true;
           break;
       }
     }
@@ -840,6 +868,12 @@ export async function startEngine(options) {
             remote_num_tokens: tokens,
           };
         }
+        if (params && ctx.bigKvInt) {
+          // an exact integer beyond 2^53, as JSON text (JSON.stringify cannot write one)
+          const text = JSON.stringify(prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), params)).replace('"remote_engine_id":', '"remote_big_id":12345678901234567890,"remote_engine_id":');
+          res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+          return res.end(text);
+        }
         return sendJson(res, 200, prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), params));
       }
 
@@ -1005,7 +1039,7 @@ export async function startEngine(options) {
       stats = emptyStats();
       log = [];
       requestStats = new Map();
-      fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true };
+      fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true, status: 200, headers: {}, body: '', bytes: 0, newline: true };
     },
     setFault(f) {
       fault = {
@@ -1014,6 +1048,11 @@ export async function startEngine(options) {
         delayMs: f.delayMs ?? 1000,
         afterChunks: f.afterChunks ?? 2,
         health: f.health ?? true,
+        status: f.status ?? 200,
+        headers: f.headers ?? {},
+        body: f.body ?? '',
+        bytes: f.bytes ?? 16 << 20,
+        newline: f.newline ?? true,
       };
     },
     async stop() {
@@ -1106,6 +1145,35 @@ function waitRoom(registry, room, timeoutMs, ctx) {
     const poll = setInterval(() => ctx.closed && finish(undefined), 50);
     set.add(finish);
   });
+}
+
+/** Resolves when the router closes this request's connection. @param {{ closed: boolean, onClose?: () => void }} ctx */
+function untilClosed(ctx) {
+  return new Promise((resolve) => {
+    if (ctx.closed) return resolve(undefined);
+    const before = ctx.onClose;
+    ctx.onClose = () => {
+      before?.();
+      resolve(undefined);
+    };
+  });
+}
+
+/**
+ * An SSE answer whose first line (a usage event padded out) is `bytes` long, written at the pace
+ * the reader takes it; then `[DONE]` when `newline`, else the stream ends mid-line.
+ * @param {http.ServerResponse} res @param {number} bytes @param {boolean} newline
+ */
+async function flood(res, bytes, newline) {
+  sseHeaders(res);
+  const head = 'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2},"pad":"';
+  res.write(head);
+  const piece = 'x'.repeat(64 << 10);
+  for (let left = bytes - head.length; left > 0 && !res.destroyed; left -= piece.length) {
+    if (!res.write(left >= piece.length ? piece : piece.slice(0, left))) await new Promise((resolve) => { res.once('drain', resolve); res.once('close', resolve); });
+  }
+  if (res.destroyed) return;
+  res.end(newline ? '"}\n\ndata: [DONE]\n\n' : '');
 }
 
 /** Send SSE response headers unless they went out already. @param {http.ServerResponse} res */

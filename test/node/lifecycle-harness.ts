@@ -1,0 +1,300 @@
+// Shared rig of the issue-11 life-cycle tests (test/node/lifecycle-*.test.ts): the real Worker in
+// workerd (Miniflare in its own process) on 127.0.0.1, simulated engines, and clients that are
+// plain sockets, so a test decides exactly when a client leaves. Not a test file itself.
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import http from "node:http";
+import net from "node:net";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { expect } from "vitest";
+// @ts-expect-error plain JS module of the simulator
+import { startSimCluster } from "../../sim/cluster.mjs";
+// @ts-expect-error plain JS module
+import { startRouter } from "../../scripts/router-process.mjs";
+
+export const ADMIN_TOKEN = "lifecycle-admin-token";
+
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export interface EngineStats {
+  clientAborts: number;
+  inflight: number;
+  outputTokens: number;
+  faultsInjected: number;
+  requests: { total: number; vllmPrefill: number; vllmDecode: number };
+  protocolViolations: number;
+  violations: string[];
+}
+
+export interface AdminStatus {
+  nodes: Array<{ id: string; inflight: { prefill: number; decode: number; tokens: number }; failuresTotal: number; healthy: boolean }>;
+  leases: number;
+}
+
+export interface Rig {
+  url: string;
+  port: number;
+  cluster: any;
+  engine(id: string): any;
+  /** every output line of the router process so far */
+  lines(): string[];
+  /** the router's "event":"request" log lines of one request id */
+  requestLogs(requestId: string): Array<Record<string, unknown>>;
+  adminStatus(): Promise<AdminStatus>;
+  engineStats(): Promise<Record<string, EngineStats>>;
+  metrics(): Promise<string>;
+  putDocument(doc: unknown): Promise<void>;
+  /** workerd's resident set size in kB (null when /proc is not readable) */
+  workerdRssKb(): Promise<number | null>;
+  /** resets every engine (faults, stats) */
+  reset(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+export interface RigOptions {
+  engines: Array<{ id: string; role: "prefill" | "decode" | "both" } & Record<string, unknown>>;
+  engineDefaults?: Record<string, unknown>;
+  /** the cluster document, given each engine's URL and the router's own origin */
+  document(url: (id: string) => string, self: string): unknown;
+  vars?: Record<string, string | number>;
+}
+
+export async function startRig(o: RigOptions): Promise<Rig> {
+  const cluster = await startSimCluster({ defaults: { timeScale: 1, prefillMsPerToken: 0.01, ...o.engineDefaults }, engines: o.engines });
+  const url = (id: string) => cluster.engines.get(id).url as string;
+  const persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-lifecycle-"));
+  const port = await freePort();
+  const all: string[] = [];
+  let router: { url: string; pid: number; stop: () => Promise<void> };
+  try {
+    router = await startRouter({
+      runtime: "workerd",
+      port,
+      persistDir,
+      vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0, ...o.vars },
+      clusterDocument: o.document(url, `http://127.0.0.1:${port}`),
+      onOutput: (line: string) => all.push(line),
+    });
+  } catch (err) {
+    await cluster.close();
+    throw err;
+  }
+  const admin = { authorization: `Bearer ${ADMIN_TOKEN}` };
+  const rig: Rig = {
+    url: router.url,
+    port,
+    cluster,
+    engine: (id) => cluster.engines.get(id),
+    lines: () => all,
+    requestLogs: (requestId) =>
+      all
+        .filter((l) => l.includes('"event":"request"') && l.includes(requestId))
+        .map((l) => JSON.parse(l.slice(l.indexOf("{"))) as Record<string, unknown>)
+        .filter((e) => e.requestId === requestId),
+    async adminStatus() {
+      const res = await fetch(`${router.url}/admin/status`, { headers: admin });
+      expect(res.status).toBe(200);
+      return (await res.json()) as AdminStatus;
+    },
+    async engineStats() {
+      return (await (await fetch(`${cluster.controlUrl}/stats`)).json()) as Record<string, EngineStats>;
+    },
+    async metrics() {
+      return (await fetch(`${router.url}/metrics`)).text();
+    },
+    async putDocument(doc) {
+      const res = await fetch(`${router.url}/admin/nodes`, { method: "PUT", headers: { ...admin, "content-type": "application/json" }, body: JSON.stringify(doc) });
+      expect(res.status, await res.clone().text()).toBeLessThan(300);
+      await res.arrayBuffer();
+    },
+    async workerdRssKb() {
+      try {
+        // the workerd child of the Miniflare process (its own process group, led by router.pid)
+        const tasks = await readdir(`/proc/${router.pid}/task`);
+        const children = (await Promise.all(tasks.map((t) => readFile(`/proc/${router.pid}/task/${t}/children`, "utf8").catch(() => "")))).join(" ");
+        let best: number | null = null;
+        for (const pid of children.trim().split(/\s+/).filter(Boolean)) {
+          const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+          if (!/^Name:\s*workerd/m.test(status)) continue;
+          const rss = Number(/VmRSS:\s*(\d+)/.exec(status)?.[1]);
+          if (Number.isFinite(rss)) best = Math.max(best ?? 0, rss);
+        }
+        return best;
+      } catch {
+        return null;
+      }
+    },
+    async reset() {
+      await fetch(`${cluster.controlUrl}/reset`, { method: "POST" });
+    },
+    async stop() {
+      await router?.stop();
+      await cluster.close();
+      await rm(persistDir, { recursive: true, force: true });
+    },
+  };
+  return rig;
+}
+
+/** Polls `read` until `ok`; throws naming what was awaited and the last value seen. Resolves with the value and the time it took. */
+export async function until<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, ms: number): Promise<{ value: T; ms: number }> {
+  const start = Date.now();
+  let last: T = await read();
+  while (!ok(last)) {
+    if (Date.now() - start > ms) throw new Error(`${what}: not reached within ${ms} ms; last seen ${JSON.stringify(last)}`);
+    await sleep(50);
+    last = await read();
+  }
+  return { value: last, ms: Date.now() - start };
+}
+
+export const idle = (s: AdminStatus) => s.leases === 0 && s.nodes.every((n) => n.inflight.prefill + n.inflight.decode === 0);
+
+/** No lease held, no node counting a request, within `ms`; returns how long it took. */
+export async function expectReleased(rig: Rig, ms: number): Promise<number> {
+  return (await until("leases released and in-flight 0", () => rig.adminStatus(), idle, ms)).ms;
+}
+
+/** No engine has a request open (every upstream connection closed), within `ms`. */
+export async function expectEnginesIdle(rig: Rig, ms: number): Promise<Record<string, EngineStats>> {
+  return (await until("engines idle", () => rig.engineStats(), (s) => Object.values(s).every((e) => e.inflight === 0), ms)).value;
+}
+
+export function chatBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { model: "sim-model", messages: [{ role: "user", content: `hello ${Math.random()}` }], max_tokens: 8, ...extra };
+}
+
+/** A raw HTTP/1.1 request on its own socket: the test decides when the client leaves. */
+export class RawClient {
+  readonly socket: net.Socket;
+  private received = Buffer.alloc(0);
+  private waiters: Array<() => void> = [];
+  closed = false;
+  readonly connected: Promise<void>;
+
+  constructor(port: number, opts: { path?: string; body: string | Record<string, unknown>; headers?: Record<string, string>; method?: string }) {
+    const body = typeof opts.body === "string" ? opts.body : JSON.stringify(opts.body);
+    const headers = { host: `127.0.0.1:${port}`, "content-type": "application/json", "content-length": String(Buffer.byteLength(body)), connection: "close", ...opts.headers };
+    this.socket = net.connect(port, "127.0.0.1");
+    this.connected = new Promise((resolve, reject) => {
+      this.socket.once("connect", () => resolve());
+      this.socket.once("error", reject);
+    });
+    this.socket.on("error", () => undefined);
+    this.socket.write(`${opts.method ?? "POST"} ${opts.path ?? "/v1/chat/completions"} HTTP/1.1\r\n${Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join("")}\r\n${body}`);
+    this.socket.on("data", (d: Buffer) => {
+      this.received = Buffer.concat([this.received, d]);
+      this.wake();
+    });
+    this.socket.on("close", () => {
+      this.closed = true;
+      this.wake();
+    });
+  }
+
+  private wake() {
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  /** The response has ended: its last chunk arrived (workerd may keep the socket open) or the socket closed. */
+  get ended(): boolean {
+    if (this.closed) return true;
+    const tail = this.received.subarray(Math.max(0, this.received.byteLength - 7)).toString("latin1");
+    return tail.endsWith("\r\n0\r\n\r\n") || tail === "0\r\n\r\n";
+  }
+
+  get bytes(): number {
+    return this.received.byteLength;
+  }
+
+  text(): string {
+    return this.received.toString("utf8");
+  }
+
+  /** Waits until what arrived satisfies `ok` (or the socket closed), at most `ms`. */
+  async waitFor(ok: (text: string) => boolean, ms: number): Promise<boolean> {
+    const end = Date.now() + ms;
+    while (!ok(this.text())) {
+      if (this.ended || Date.now() > end) return ok(this.text());
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, Math.max(1, end - Date.now()));
+        this.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    return true;
+  }
+
+  /** The client leaves: the socket is destroyed (a FIN/RST, no more reading). */
+  leave(): void {
+    this.socket.destroy();
+  }
+
+  /** The response so far: status, headers, body (chunked encoding undone when complete). */
+  response(): { status: number; headers: Record<string, string>; body: string } {
+    const raw = this.received;
+    const end = raw.indexOf("\r\n\r\n");
+    if (end < 0) return { status: 0, headers: {}, body: "" };
+    const head = raw.subarray(0, end).toString("latin1").split("\r\n");
+    const status = Number(head[0]!.split(" ")[1]);
+    const headers: Record<string, string> = {};
+    for (const line of head.slice(1)) {
+      const i = line.indexOf(":");
+      headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
+    }
+    let body = raw.subarray(end + 4);
+    if (headers["transfer-encoding"] === "chunked") body = dechunk(body);
+    return { status, headers, body: body.toString("utf8") };
+  }
+}
+
+function dechunk(buf: Buffer): Buffer {
+  const parts: Buffer[] = [];
+  let at = 0;
+  for (;;) {
+    const nl = buf.indexOf("\r\n", at);
+    if (nl < 0) break;
+    const size = parseInt(buf.subarray(at, nl).toString("latin1"), 16);
+    if (!Number.isFinite(size) || size === 0) break;
+    parts.push(buf.subarray(nl + 2, nl + 2 + size));
+    at = nl + 2 + size + 2;
+  }
+  return Buffer.concat(parts);
+}
+
+/** A whole request with node:http (no keep-alive pool): status, headers and body text. */
+export function request(
+  url: string,
+  opts: { path?: string; body?: unknown; headers?: Record<string, string>; method?: string; timeoutMs?: number } = {},
+): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string; ms: number }> {
+  const started = Date.now();
+  return new Promise((resolve, reject) => {
+    const body = opts.body === undefined ? undefined : typeof opts.body === "string" ? opts.body : JSON.stringify(opts.body);
+    const req = http.request(
+      `${url}${opts.path ?? "/v1/chat/completions"}`,
+      { method: opts.method ?? "POST", agent: false, headers: { "content-type": "application/json", ...opts.headers }, timeout: opts.timeoutMs ?? 20000 },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString("utf8"), ms: Date.now() - started }));
+        res.on("error", reject);
+      },
+    );
+    req.on("timeout", () => req.destroy(new Error(`no answer within ${opts.timeoutMs ?? 20000} ms`)));
+    req.on("error", reject);
+    req.end(body);
+  });
+}
