@@ -8,7 +8,7 @@ import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
 
 /**
  * @typedef {'prefill' | 'decode' | 'both'} EngineRole
- * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow' | 'eos' | 'respond' | 'stall' | 'flood' | 'bigint'} FaultMode
+ * @typedef {'none' | 'status500' | 'status400' | 'hang' | 'reset' | 'midstream' | 'slow' | 'silent' | 'eos' | 'respond' | 'stall' | 'flood' | 'bigint'} FaultMode
  * `respond`: answer `status` with `headers` and `body`, whatever was asked (a misconfigured or
  * hostile node: 401, 3xx, 204, garbage); `stall`: stop sending after `afterChunks` events (half
  * the body when not streamed) and keep the connection open; `flood`: an SSE answer whose first
@@ -419,9 +419,11 @@ export async function startEngine(options) {
     const created = Math.floor(Date.now() / 1000);
     let chunksSent = 0;
     if (stream) sseHeaders(res);
-    const choicesN = gen.digests.length;
+    // n samples a prompt: choice i*n + j is prompt i's sample j (vllm serving_completion.py)
+    const digests = gen.digests.flatMap((d) => Array.from({ length: ctx.samples ?? 1 }, () => d));
+    const choicesN = digests.length;
     /** @type {string[][]} */
-    const texts = gen.digests.map(() => []);
+    const texts = digests.map(() => []);
     decodingNow++;
     let decodeMs = 0;
     let firstStepMs = 0;
@@ -438,7 +440,7 @@ export async function startEngine(options) {
         }
         let data = '';
         for (let c = 0; c < choicesN; c++) {
-          const word = i === 0 ? gen.digests[c] : ' ' + FILLER[(i + completionCounter) % FILLER.length];
+          const word = i === 0 ? digests[c] : ' ' + FILLER[(i + completionCounter) % FILLER.length];
           texts[c].push(word);
           stats.outputTokens++;
           if (!stream) continue;
@@ -505,7 +507,7 @@ export async function startEngine(options) {
   }
 
   /**
-   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
+   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, samples?: number, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
    */
 
   /** @param {string | number[]} q */
@@ -600,6 +602,13 @@ export async function startEngine(options) {
           await sleepReal(fault.delayMs);
           if (ctx.closed) return;
           break;
+        case 'silent':
+          // headers at once, then delayMs of silence before the first body byte: vLLM sends a
+          // stream's headers before its first token (a stalled scheduler looks like this)
+          if (/"stream"\s*:\s*true/.test(raw)) sseHeaders(res);
+          await sleepReal(fault.delayMs);
+          if (ctx.closed) return;
+          break;
         case 'midstream':
           ctx.destroyAfterChunks = fault.afterChunks;
           break;
@@ -658,6 +667,7 @@ export async function startEngine(options) {
     ctx.model = typeof body.model === 'string' ? body.model : models[0];
     ctx.stream = body.stream === true;
     ctx.includeUsage = ctx.stream && body.stream_options?.include_usage === true;
+    ctx.samples = positiveInt(body.n) ?? 1;
     const maxTokens = positiveInt(body.max_completion_tokens) ?? positiveInt(body.max_tokens) ?? 16;
     const { units, unitsPerBlock, tokens } =
       typeof prompt === 'string'
@@ -834,6 +844,9 @@ export async function startEngine(options) {
         }
         rec.leg = 'vllmPrefill';
         const p = await prefillLocal(hashes, tokens, clock, rec);
+        // A client gone before the answer cancels the handler (vllm entrypoints/utils.py
+        // with_cancellation) and aborts the request: its blocks are freed at once, no handle.
+        if (ctx.closed) return;
         if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
         const totalBlocks = Math.ceil(tokens / blockTokens);
         stats.outputTokens += prompts.length;
@@ -1066,6 +1079,8 @@ export async function startEngine(options) {
       if (engine.running) return;
       await listen(engine.port);
       engine.running = true;
+      // a restarted vLLM gets a new engine id (uuid4 unless configured: vllm/config/kv_transfer.py)
+      if (options.mooncakeEngineId === undefined) engine.mooncakeEngineId = mooncakeEngineId = `vllm-${randomUUID()}`;
     },
     async close() {
       await engine.stop();

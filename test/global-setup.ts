@@ -20,6 +20,9 @@ export default async function setup(project: TestProject) {
       { id: "c1", role: "both" },
       // slow decoding (15 ms a token) for streaming and abort tests
       { id: "slow", role: "decode", timeScale: 1 },
+      // a prefill node that takes real time (0.05 ms a token: an 8k-token prompt ~0.4 s), for
+      // long prompts on a busy P (SGLang, Mooncake, duplicate ids); its bootstrap port is its HTTP port
+      { id: "pslow", role: "prefill", timeScale: 1 },
     ],
   });
   const engines: Record<string, string> = {};
