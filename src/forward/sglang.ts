@@ -62,6 +62,8 @@ export interface ConcurrentLegs {
   prefill: string;
   decode: string;
   onPrefillAnswer?(text: string): void;
+  /** the attempt failed (either leg): e.g. forget what was learned about P for it */
+  onFailure?(): void;
 }
 
 /**
@@ -105,6 +107,7 @@ export async function forwardConcurrent(
     } catch (err) {
       const decodeFailure = asFailure(err, "decode", d.id);
       prefillAbort.abort("decode failed");
+      bodies.onFailure?.();
       // Blame the leg that failed first: P, when D was only aborted because of it.
       const failure = prefillFailed ? await prefill.then(() => decodeFailure, (f: UpstreamFailure) => (f.kind === "aborted" ? decodeFailure : f)) : decodeFailure;
       await prefillReport;

@@ -78,6 +78,9 @@ export function forwardVllmMooncake(ctx: ForwardContext): Promise<DecodeAnswer> 
             // P's answer is not shown to anyone; only its counts matter
           }
         },
+        // D names P by the engine id P had when it was asked; a restarted P has a new one and D
+        // fails its transfer: ask P's bootstrap server again on the next attempt or request
+        onFailure: () => forgetEngineId(p),
       };
     },
     usage,

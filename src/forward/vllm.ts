@@ -99,23 +99,30 @@ export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
     const d = ctx.resolve(ctx.life.chosen.decode);
     // Until D is sent the handle, ending the request (the client left) must free P's blocks.
     const unhold = kv ? ctx.life.holdHandle(() => releaseHandle(ctx, d, kv)) : () => undefined;
-    if (ctx.life.isEnded) throw asFailure(new Error("the request ended"), "decode", d.id);
+    if (ctx.life.isEnded) {
+      // it ended while P answered: end() has already run the holds it had, not this one
+      unhold();
+      if (kv) ctx.life.background(() => releaseHandle(ctx, d, kv));
+      throw asFailure(new Error("the request ended"), "decode", d.id);
+    }
     unhold();
     try {
       const answer = await decodeAttempt(ctx, d, vllmDecodeBody(ctx.raw, kv), upstreamId);
       return { prefillNode: p.node.id, decodeNode: d.id, prefillMs: p.ms, decodeMs: answer.ms, leg: answer.leg, body: answer.body, prefillUsage: p.usage };
     } catch (err) {
       const failure = asFailure(err, "decode", d.id);
-      // D refused the connection: it never saw the handle, so P still holds the blocks; the
-      // release goes to the D tried next (or this one again when there is none).
-      const refused = kv !== undefined && failure.kind === "connect";
+      // No D will read this handle now. D may never have admitted it (refused, hung before
+      // admission, the client left while D queued it): then P holds the blocks until its timeout.
+      // The release goes to the D tried next (or this one again when there is none); for a
+      // handle D did read it is a no-op notification, so every failed attempt sends one.
+      const release = kv !== undefined;
       try {
         // The handle is single-use: once a D may have read it, P may have freed or reused its
         // blocks, and a second D would answer 200 with another prompt's text. The retry re-runs
         // P for a fresh handle (on the same P: its prefix cache makes the second prefill cheap).
         await failOver(ctx, failure, attempt);
       } finally {
-        if (refused) ctx.life.background(() => releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), kv));
+        if (release) ctx.life.background(() => releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), kv));
       }
     }
   }

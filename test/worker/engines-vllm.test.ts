@@ -1,0 +1,284 @@
+// Issue 10 against the strict simulator, vllm protocol: single-use handles, release of unread
+// handles, timeouts that fit how engines answer, usage as vLLM reports it, unique upstream ids.
+import { SELF } from "cloudflare:test";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot, type NodeSpec } from "./helpers";
+import { allStats, answerText, expectedPrefix, failuresByNode, kvParamsReceived, longPrompt, sleep, sseEvents, stats, streamedText, waitFor } from "./engines-helpers";
+
+const rr = { prefill: "round_robin", decode: "round_robin" };
+const vllm = (nodes: NodeSpec[], extra: Record<string, unknown> = {}) => putCluster({ protocol: "vllm", policy: rr, nodes, ...extra });
+const P = (id: string): NodeSpec => ({ id, role: "prefill" });
+const D = (id: string): NodeSpec => ({ id, role: "decode" });
+
+async function fresh() {
+  await resetSim();
+  await resetClusterState();
+}
+
+/** Every decode-leg request D engines got that carried a handle (release requests apart). */
+async function decodeHandles(ids: string[]) {
+  const out: Array<{ node: string; kv: any; model: string }> = [];
+  for (const id of ids) for (const r of await kvParamsReceived(id)) if (r.kv?.do_remote_prefill) out.push({ node: id, kv: r.kv, model: r.model });
+  return out;
+}
+
+describe("a vLLM KV handle is single-use: a D retry gets a fresh handle from P", () => {
+  beforeEach(fresh);
+
+  it.each([
+    ["answers 500", { mode: "status500" }, {}, false],
+    ["resets the connection", { mode: "reset" }, {}, false],
+    ["sends no first byte in time (stream)", { mode: "hang" }, { decodeFirstByteMs: 300 }, true],
+    ["sends no answer in time (non-streamed)", { mode: "hang" }, { nonStreamMs: 300 }, false],
+  ] as const)("D that %s: P runs again, every D attempt had its own handle, the answer is this prompt's", async (_name, broken, timeouts, stream) => {
+    await vllm([P("p0"), D("d0"), D("d1")], { timeouts });
+    await fault("d0", broken);
+    // round robin: of two requests, one meets the broken d0 first and is retried on d1
+    const bodies = [chat("single-use handle one", { stream }), chat("single-use handle two", { stream })];
+    for (const body of bodies) {
+      const res = await post("/v1/chat/completions", body);
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-pd-decode")).toBe("d1");
+      const text = stream ? streamedText(sseEvents(await res.text())) : answerText(await res.json());
+      expect(text.startsWith(expectedPrefix(body))).toBe(true);
+    }
+    const attempts = await decodeHandles(["d0", "d1"]);
+    // one attempt a request on d1, plus the failed one on d0
+    expect(attempts.filter((a) => a.model !== "pd-edge-router-release").length).toBe(3);
+    const handles = attempts.filter((a) => a.model !== "pd-edge-router-release").map((a) => `${a.kv.remote_engine_id}/${a.kv.remote_request_id}`);
+    expect(new Set(handles).size).toBe(handles.length);
+    const p0 = await stats("p0");
+    expect(p0.requests.vllmPrefill).toBe(3);
+    expect((await stats("d1")).staleHandleReads).toBe(0);
+    expect((await stats("d1")).foreignHandleReads).toBe(0);
+    // the failed attempt's handle is read by no D: it is released, not held for kvHoldTimeoutMs
+    const held = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 2000, "p0 holds no handle");
+    expect(held.expiredHandles).toBe(0);
+    await expectNoLoad();
+  });
+});
+
+describe("prefill blocks that no D will read are released promptly", () => {
+  beforeEach(fresh);
+  afterEach(() => control("/engines/d0/start", {}));
+
+  it("a D that refuses the connection: its handle is released through the D tried next (404 rejection), not held for kvHoldTimeoutMs", async () => {
+    await vllm([P("p0"), D("d0"), D("d1")]);
+    await control("/engines/d0/stop", {});
+    for (const content of ["refused one", "refused two"]) {
+      const body = chat(longPrompt(content, 2000));
+      const res = await post("/v1/chat/completions", body);
+      expect(res.status).toBe(200);
+      expect(answerText(await res.json()).startsWith(expectedPrefix(body))).toBe(true);
+    }
+    const p0 = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 2000, "p0 holds no handle");
+    expect(p0.heldBlocks).toBe(0);
+    expect(p0.expiredHandles).toBe(0);
+    expect(p0.consumedHandles).toBe(2);
+    // the request that met d0 first: its first handle was released, not left to the timeout
+    expect(p0.releasedHandles).toBe(p0.issuedHandles - 2);
+    expect(p0.releasedHandles).toBeGreaterThanOrEqual(1);
+    const releases = (await kvParamsReceived("d1")).filter((r) => r.model === "pd-edge-router-release");
+    expect(releases.length).toBe(p0.releasedHandles);
+    expect(releases[0]!.kv.do_remote_prefill).toBe(true);
+    expect((await stats("d1")).rejectedHandleRequests).toBe(releases.length);
+    expect((await stats("d1")).staleHandleReads).toBe(0);
+    await expectNoLoad();
+  });
+
+  it("the client leaves after P answered, before D admitted the request: P's blocks are released", async () => {
+    await vllm([P("p0"), D("d0")]);
+    // d0 takes the connection but does nothing with it for 1.5 s (the handle is not read)
+    await fault("d0", { mode: "slow", delayMs: 1500, count: 1 });
+    const controller = new AbortController();
+    const pending = SELF.fetch("http://router/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chat(longPrompt("abandoned", 2000))),
+      signal: controller.signal,
+    });
+    await waitFor(() => stats("d0"), (s) => s.inflight >= 1, 3000, "d0 got the request");
+    expect((await stats("p0")).heldHandles).toBe(1);
+    controller.abort();
+    await expect(pending).rejects.toThrow();
+    const started = Date.now();
+    const p0 = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 3000, "p0 holds no handle");
+    expect(Date.now() - started).toBeLessThan(3000);
+    expect(p0.releasedHandles).toBe(1);
+    expect(p0.heldBlocks).toBe(0);
+    const release = (await kvParamsReceived("d0")).find((r) => r.model === "pd-edge-router-release");
+    expect(release?.kv.do_remote_prefill).toBe(true);
+    await expectNoLoad();
+  });
+
+  it("clients that leave at any moment leave no handle held", async () => {
+    await vllm([P("pslow"), D("d0"), D("d1")]);
+    // pslow prefills 2000 tokens in ~100 ms; clients leave from 0 to 200 ms
+    const outcomes = await Promise.all(
+      Array.from({ length: 12 }, async (_, i) => {
+        const controller = new AbortController();
+        setTimeout(() => controller.abort(), i * 17);
+        try {
+          const res = await SELF.fetch("http://router/v1/chat/completions", {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: JSON.stringify(chat(longPrompt(`leaver ${i}`, 2000))),
+            signal: controller.signal,
+          });
+          await res.text();
+          return res.status;
+        } catch {
+          return "aborted";
+        }
+      }),
+    );
+    expect(outcomes.some((o) => o === "aborted")).toBe(true);
+    const p = await waitFor(() => stats("pslow"), (s) => s.heldHandles === 0, 3000, "pslow holds no handle");
+    expect(p.issuedHandles).toBe(p.consumedHandles + p.releasedHandles);
+    expect(p.expiredHandles).toBe(0);
+    await expectNoLoad();
+  });
+});
+
+describe("timeouts that fit how engines answer", () => {
+  beforeEach(fresh);
+
+  it("a non-streamed answer slower than decodeFirstByteMs but within nonStreamMs succeeds and does not count against D", async () => {
+    await vllm([P("p0"), D("d0"), D("d1")], { timeouts: { decodeFirstByteMs: 300, nonStreamMs: 5000 } });
+    await fault("d0", { mode: "slow", delayMs: 700 });
+    await fault("d1", { mode: "slow", delayMs: 700 });
+    const body = chat("a long non-streamed answer");
+    const started = Date.now();
+    const res = await post("/v1/chat/completions", body);
+    expect(res.status).toBe(200);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(700);
+    expect(answerText(await res.json()).startsWith(expectedPrefix(body))).toBe(true);
+    // no retry: one D attempt, one P run
+    expect((await received("d0")).length + (await received("d1")).length).toBe(1);
+    expect((await stats("p0")).requests.vllmPrefill).toBe(1);
+    await expectNoLoad();
+    expect(Object.values(await failuresByNode(snapshot)).every((n) => n === 0)).toBe(true);
+    const metrics = await (await SELF.fetch("http://router/metrics")).text();
+    const failures = metrics.split("\n").filter((l) => l.startsWith("pd_router_node_failures_total{"));
+    expect(failures.length).toBeGreaterThan(0);
+    expect(failures.every((l) => l.trim().endsWith(" 0"))).toBe(true);
+  });
+
+  it("a stream whose headers come at once but whose first byte is late fails over (the timer runs to the first body byte)", async () => {
+    await vllm([P("p0"), D("d0"), D("d1")], { timeouts: { decodeFirstByteMs: 300 } });
+    await fault("d0", { mode: "silent", delayMs: 1500 });
+    for (const content of ["late first byte one", "late first byte two"]) {
+      const body = chat(content, { stream: true });
+      const started = Date.now();
+      const res = await post("/v1/chat/completions", body);
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-pd-decode")).toBe("d1");
+      expect(streamedText(sseEvents(await res.text())).startsWith(expectedPrefix(body))).toBe(true);
+      expect(Date.now() - started).toBeLessThan(1400);
+    }
+    expect((await received("d0")).length).toBe(1);
+    expect((await stats("d1")).staleHandleReads).toBe(0);
+    await expectNoLoad();
+  });
+
+  it("with a single D, headers then silence beyond decodeFirstByteMs is a 504", async () => {
+    await vllm([P("p0"), D("d0")], { timeouts: { decodeFirstByteMs: 300 } });
+    await fault("d0", { mode: "silent", delayMs: 1500 });
+    const started = Date.now();
+    const res = await post("/v1/chat/completions", chat("silent D", { stream: true }));
+    expect(res.status).toBe(504);
+    expect(((await res.json()) as any).error.code).toBe("upstream_timeout");
+    expect(Date.now() - started).toBeLessThan(1400);
+    await expectNoLoad();
+  });
+});
+
+describe("usage as the client sees it: P's prompt counts, 0 cached on a cold request", () => {
+  beforeEach(fresh);
+
+  /** P's figures for the one prefill it ran. */
+  async function prefillRecord() {
+    const recs = Object.values(await control("/engines/p0/request-stats")) as Array<{ promptTokens: number; cachedTokens: number }>;
+    expect(recs.length).toBe(1);
+    return recs[0]!;
+  }
+
+  it("non-streamed: cached_tokens 0 (D counted the pulled KV as cached), prompt_tokens from P, total recomputed", async () => {
+    await vllm([P("p0"), D("d0")]);
+    const body = chat(longPrompt("cold usage", 3000), { max_tokens: 5 });
+    const res = await post("/v1/chat/completions", body);
+    expect(res.status).toBe(200);
+    const json: any = await res.json();
+    expect(answerText(json).startsWith(expectedPrefix(body))).toBe(true);
+    const p = await prefillRecord();
+    expect(p.cachedTokens).toBe(0);
+    expect(json.usage.prompt_tokens).toBe(p.promptTokens);
+    expect(json.usage.prompt_tokens_details?.cached_tokens ?? 0).toBe(0);
+    expect(json.usage.completion_tokens).toBe(5);
+    expect(json.usage.total_tokens).toBe(p.promptTokens + 5);
+    await expectNoLoad();
+  });
+
+  it("streamed with include_usage: only the final usage frame is rewritten", async () => {
+    await vllm([P("p0"), D("d0")]);
+    const body = chat(longPrompt("cold stream usage", 3000), { max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+    const res = await post("/v1/chat/completions", body);
+    expect(res.status).toBe(200);
+    const events = sseEvents(await res.text());
+    expect(events.at(-1)).toBe("[DONE]");
+    const withUsage = events.filter((e) => e !== "[DONE]" && e.usage);
+    expect(withUsage.length).toBe(1);
+    expect(events.indexOf(withUsage[0])).toBe(events.length - 2);
+    const p = await prefillRecord();
+    const usage = withUsage[0].usage;
+    expect(usage.prompt_tokens).toBe(p.promptTokens);
+    expect(usage.prompt_tokens_details?.cached_tokens ?? 0).toBe(0);
+    expect(usage.total_tokens).toBe(p.promptTokens + usage.completion_tokens);
+    // the token frames are D's, untouched
+    const frames = events.slice(0, -2);
+    expect(frames.length).toBe(5);
+    expect(frames.every((e) => e.object === "chat.completion.chunk" && !("usage" in e) && e.choices.length === 1)).toBe(true);
+    expect(streamedText(events).startsWith(expectedPrefix(body))).toBe(true);
+    await expectNoLoad();
+  });
+
+  it("a warm request reports P's cached tokens, not D's", async () => {
+    await vllm([P("p0"), D("d0")]);
+    const long = longPrompt("warm usage", 3000);
+    await (await post("/v1/chat/completions", chat(long))).text();
+    const res = await post("/v1/chat/completions", chat(long));
+    const json: any = await res.json();
+    const recs = Object.values(await control("/engines/p0/request-stats")) as Array<{ promptTokens: number; cachedTokens: number }>;
+    const second = recs.at(-1)!;
+    expect(second.cachedTokens).toBeGreaterThan(0);
+    expect(second.cachedTokens).toBeLessThan(second.promptTokens);
+    expect(json.usage.prompt_tokens_details.cached_tokens).toBe(second.cachedTokens);
+    await expectNoLoad();
+  });
+});
+
+describe("upstream request ids are unique per request", () => {
+  beforeEach(fresh);
+
+  it("two concurrent requests with the same x-request-id: engines see distinct ids, each client gets its own id back", async () => {
+    await vllm([P("pslow"), D("d0")]);
+    const bodies = [chat(longPrompt("same id one", 4000)), chat(longPrompt("same id two", 4000))];
+    const responses = await Promise.all(bodies.map((b) => post("/v1/chat/completions", b, { "x-request-id": "client-reused-id" })));
+    for (const [i, res] of responses.entries()) {
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-request-id")).toBe("client-reused-id");
+      expect(answerText(await res.json()).startsWith(expectedPrefix(bodies[i]))).toBe(true);
+    }
+    const pIds = (await received("pslow")).map((r) => r.headers["x-request-id"]);
+    const dIds = (await received("d0")).map((r) => r.headers["x-request-id"]);
+    expect(pIds.length).toBe(2);
+    expect(new Set(pIds).size).toBe(2);
+    expect(new Set(dIds).size).toBe(2);
+    // the two prefills overlapped on P (else the test proves nothing)
+    const [a, b] = (await received("pslow")).map((r: any) => r.receivedAt as number);
+    expect(Math.abs(a! - b!)).toBeLessThan(150);
+    const all = await allStats();
+    expect(Object.values(all).reduce((n, s) => n + s.duplicateRequestIds, 0)).toBe(0);
+    await expectNoLoad();
+  });
+});
