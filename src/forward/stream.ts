@@ -37,106 +37,102 @@ export interface RelayOptions {
 const encoder = new TextEncoder();
 
 /**
- * Relays D's SSE body to the client and watches both ends. A watchdog ends the stream when D
- * falls silent for `idleMs` (an error event, counted against D) or when a write to the client
- * waits longer than `stallMs`: the client left before the response began (workerd then gives
- * no signal and nobody reads) or stopped reading — the legs are closed and the lease released
- * instead of holding them for nobody. Nothing is buffered beyond the chunk in hand.
+ * Relays D's SSE body to the client and watches both ends. The client's stream pulls: each
+ * time the runtime wants more for the client, one chunk is read from D (rewritten only when a
+ * usage frame must be) — no loop of our own, no writer, nothing buffered beyond the chunk in
+ * hand. A watchdog ends the stream when D falls silent for `idleMs` while the client waits (an
+ * error event, counted against D), or when the client has not asked for more for `stallMs`: it
+ * left before the response began (workerd then gives no signal and nobody reads) or stopped
+ * reading — the legs are closed and the lease released instead of holding them for nobody.
  */
 export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
-  let relay!: TransformStreamDefaultController<Uint8Array>;
-  const { readable, writable } = new TransformStream<Uint8Array, Uint8Array>({ start: (c) => void (relay = c) });
-  const writer = writable.getWriter();
-  // Ends the client's side from here. Not writer.abort(): a write waiting for a reader that never
-  // comes holds the abort back until that write completes, which is never (streams spec).
-  const endClientSide = (why: string) => {
-    try {
-      relay.error(new Error(why));
-    } catch {
-      // already closed or errored
-    }
-  };
-  let readingSince = 0;
-  let writingSince = 0;
+  const rewriter = o.rewriter;
+  /** when D last gave a chunk (or the relay began) */
+  let lastChunkAt = Date.now();
+  /** a pull is waiting for D */
+  let reading = false;
   let idle = false;
-  let stalled = false;
+  let ended = false;
+  let settle!: () => void;
+  const settled = new Promise<void>((r) => (settle = r));
+  const end = (e: StreamEnd) => {
+    if (ended) return;
+    ended = true;
+    clearInterval(watchdog);
+    o.leg.close();
+    settle();
+    o.onEnd(e);
+  };
+  let relay!: ReadableStreamDefaultController<Uint8Array>;
+  const stream = new ReadableStream<Uint8Array>(
+    {
+      start(c) {
+        relay = c;
+        c.enqueue(rewriter ? rewriter.chunk(o.first) : o.first);
+      },
+      async pull(c) {
+        reading = true;
+        let chunk: ReadableStreamReadResult<Uint8Array>;
+        try {
+          chunk = await o.reader.read();
+        } catch (err) {
+          reading = false;
+          if (ended) return;
+          if (o.leg.requestEnded && !idle) {
+            // the request ended elsewhere (the client's signal): nothing more to say
+            c.error(new Error("request ended"));
+            return end({ outcome: "aborted", error: "client disconnected" });
+          }
+          // Never a silent truncated 200: the client gets an error event.
+          const error = idle ? `decode node ${o.leg.node} sent nothing for ${o.idleMs} ms` : `decode stream failed: ${(err as Error)?.message ?? String(err)}`;
+          c.enqueue(encoder.encode(sseErrorEvent(idle ? "the decode node stopped sending" : "the decode node failed while streaming", idle ? "upstream_idle_timeout" : "upstream_stream_error")));
+          c.close();
+          return end({ outcome: "failure", error, timeout: idle });
+        }
+        reading = false;
+        lastChunkAt = Date.now();
+        if (ended) return;
+        if (chunk.done) {
+          const tail = rewriter?.flush();
+          if (tail?.byteLength) c.enqueue(tail);
+          c.close();
+          return end({ outcome: "ok" });
+        }
+        const out = rewriter ? rewriter.chunk(chunk.value) : chunk.value;
+        // an empty piece (a partial line held for rewriting) still answers the pull
+        c.enqueue(out);
+      },
+      cancel() {
+        // the client went away after the response began
+        o.leg.abort("client went away");
+        o.reader.cancel().catch(() => undefined);
+        end({ outcome: "aborted", error: "client disconnected" });
+      },
+    },
+    { highWaterMark: 0 },
+  );
   const period = Math.max(25, Math.min(1000, Math.min(o.idleMs, o.stallMs) / 4));
   const watchdog = setInterval(() => {
-    const now = Date.now();
-    if (writingSince && now - writingSince > o.stallMs) {
-      stalled = true;
-      o.leg.abort("client stopped reading");
-      endClientSide("client stopped reading");
-    } else if (readingSince && now - readingSince > o.idleMs) {
+    const quiet = Date.now() - lastChunkAt;
+    if (reading && quiet > o.idleMs) {
+      // the client waits and D says nothing: the pending read fails as idle
       idle = true;
       o.leg.abort("decode idle timeout");
+    } else if (!reading && quiet > o.stallMs) {
+      // D's last chunk is still unasked-for: the client left or stopped reading
+      o.leg.abort("client stopped reading");
+      o.reader.cancel().catch(() => undefined);
+      try {
+        relay.error(new Error("client stopped reading"));
+      } catch {
+        // already closed
+      }
+      end({ outcome: "stalled", error: `the client read nothing for ${o.stallMs} ms` });
     }
   }, period);
-
-  const write = async (bytes: Uint8Array) => {
-    if (bytes.byteLength === 0) return;
-    writingSince = Date.now();
-    await writer.write(bytes);
-    writingSince = 0;
-  };
-  const rewrite = (bytes: Uint8Array) => (o.rewriter ? o.rewriter.chunk(bytes) : bytes);
-
-  const pump = async (): Promise<StreamEnd> => {
-    try {
-      await write(rewrite(o.first));
-    } catch {
-      return clientGone();
-    }
-    for (;;) {
-      let chunk: ReadableStreamReadResult<Uint8Array>;
-      readingSince = Date.now();
-      try {
-        chunk = await o.reader.read();
-      } catch (err) {
-        readingSince = 0;
-        if (stalled) return clientGone();
-        const error = idle ? `decode node ${o.leg.node} sent nothing for ${o.idleMs} ms` : `decode stream failed: ${(err as Error)?.message ?? String(err)}`;
-        if (o.leg.requestEnded && !idle) return clientGone();
-        // Never a silent truncated 200: the client gets an error event.
-        try {
-          await write(encoder.encode(sseErrorEvent(idle ? "the decode node stopped sending" : "the decode node failed while streaming", idle ? "upstream_idle_timeout" : "upstream_stream_error")));
-          writingSince = Date.now();
-          await writer.close();
-        } catch {
-          // the client is gone as well
-        }
-        return { outcome: "failure", error, timeout: idle };
-      }
-      readingSince = 0;
-      try {
-        if (chunk.done) {
-          if (o.rewriter) await write(o.rewriter.flush());
-          writingSince = Date.now();
-          await writer.close();
-          writingSince = 0;
-          return { outcome: "ok" };
-        }
-        await write(rewrite(chunk.value));
-      } catch {
-        return clientGone();
-      }
-    }
-  };
-  const clientGone = (): StreamEnd => {
-    o.leg.abort("client went away");
-    o.reader.cancel().catch(() => undefined);
-    endClientSide("client went away");
-    return stalled ? { outcome: "stalled", error: `the client read nothing for ${o.stallMs} ms` } : { outcome: "aborted", error: "client disconnected" };
-  };
-  const done = pump()
-    .catch((err): StreamEnd => ({ outcome: "failure", error: String(err), timeout: false }))
-    .then((end) => {
-      clearInterval(watchdog);
-      o.leg.close();
-      o.onEnd(end);
-    });
-  o.waitUntil?.(done);
-  return readable;
+  // workerd drops a request's timers and I/O once its client is gone unless waitUntil holds them
+  o.waitUntil?.(settled);
+  return stream;
 }
 
 /** Lines longer than this are passed on without being held for rewriting (a D that never sends a newline). */
