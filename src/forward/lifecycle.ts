@@ -60,6 +60,8 @@ export class RequestLife {
   readonly timings: { routeMs?: number; prefillMs?: number; decodeMs?: number } = {};
   /** Durable Object calls made, and how many of them the response waited for */
   private stateCalls = 0;
+  /** the calls awaited (route, failover): a call sent in the background costs the response nothing */
+  private awaitedCalls = 0;
   private stateCallsBeforeResponse: number | null = null;
   private ended = false;
   private heartbeat: ReturnType<typeof setInterval> | undefined;
@@ -103,11 +105,16 @@ export class RequestLife {
     return p;
   }
 
+  private awaited<T>(p: Promise<T>): Promise<T> {
+    this.awaitedCalls++;
+    return this.call(p);
+  }
+
   /** Picks P and D and takes the lease: the one round trip the response waits for. */
   async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
-    let routed = await this.call(this.o.state.route({ ...request, leaseId: this.leaseId }));
+    let routed = await this.awaited(this.o.state.route({ ...request, leaseId: this.leaseId }));
     // The object has another version of the document (new, or evicted): send it once.
-    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.call(this.o.state.route({ ...request, leaseId: this.leaseId, cluster: view }));
+    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.awaited(this.o.state.route({ ...request, leaseId: this.leaseId, cluster: view }));
     this.timings.routeMs = Date.now() - this.started;
     if (!routed.ok) return routed;
     // The client left during the call: end() has sent finish, which releases the lease (or, had
@@ -150,7 +157,7 @@ export class RequestLife {
 
   /** Records a failed leg and asks for the next node of its role (null: none). Awaited: a retry needs it. */
   async failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null> {
-    const { next } = await this.call(this.o.state.failover(this.leaseId, role, report, wantNext));
+    const { next } = await this.awaited(this.o.state.failover(this.leaseId, role, report, wantNext));
     if (next) this.chosen[role] = next;
     return next;
   }
@@ -179,9 +186,9 @@ export class RequestLife {
     this.o.waitUntil(work());
   }
 
-  /** The response goes out now: the calls made so far are the ones it waited for. */
+  /** The response goes out now: the calls awaited so far are the ones it waited for (background ones cost it nothing). */
   responding(): void {
-    this.stateCallsBeforeResponse = this.stateCalls;
+    this.stateCallsBeforeResponse = this.awaitedCalls;
   }
 
   private abortedLegs(): Ending["legs"] {
@@ -243,7 +250,7 @@ export class RequestLife {
       decodeTtfbMs: this.timings.decodeMs,
       totalMs: Date.now() - this.started,
       stateCalls: this.stateCalls,
-      stateCallsBeforeResponse: this.stateCallsBeforeResponse ?? this.stateCalls,
+      stateCallsBeforeResponse: this.stateCallsBeforeResponse ?? this.awaitedCalls,
       failOpen: this.failOpen.length ? this.failOpen : undefined,
       error: e.error,
     };
