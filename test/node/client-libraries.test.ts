@@ -1,16 +1,13 @@
-// The two TypeScript clients people most often put in front of an OpenAI-compatible endpoint —
-// the Vercel AI SDK (`ai` 6 with `@ai-sdk/openai-compatible`) and LangChain's ChatOpenAI — used
-// as a newcomer would, against the real Worker in workerd over TCP, with simulated engines.
-//
-// TODO(lead): the official `openai` SDK is covered in test/worker/openai-sdk.test.ts (chat and
-// completions through SELF.fetch). When POST /v1/responses lands (issue 13 item 1), move that
-// coverage here over real TCP and add `client.responses.create` (streamed and not, with
-// `response.completed` usage reconciled from P) plus LangChain's `useResponsesApi: true` —
-// the simulator already answers /v1/responses (sim/endpoints.mjs). Note openai 7.59.0 declares
+// The TypeScript clients people most often put in front of an OpenAI-compatible endpoint — the
+// official `openai` SDK (Responses API), the Vercel AI SDK (`ai` 6 with
+// `@ai-sdk/openai-compatible`) and LangChain's ChatOpenAI — used as a newcomer would, against the
+// real Worker in workerd over TCP, with simulated engines. (The openai SDK's chat and completions
+// are covered through SELF.fetch in test/worker/openai-sdk.test.ts.) Note openai 7.59.0 declares
 // engines node >=22; it runs on Node 20 today, but an upgrade may not.
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
 import { generateText, streamText } from "ai";
+import OpenAI from "openai";
 import { mkdtemp, rm } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -86,8 +83,9 @@ beforeAll(async () => {
     engines: [
       { id: "p0", role: "prefill" },
       { id: "p1", role: "prefill" },
-      { id: "d0", role: "decode" },
-      { id: "d1", role: "decode" },
+      // D stores the responses it answers and 404s a previous_response_id it never stored (vLLM with its store on)
+      { id: "d0", role: "decode", responsesStore: true },
+      { id: "d1", role: "decode", responsesStore: true },
     ],
   });
   const url = (id: string) => cluster.engines.get(id).url as string;
@@ -199,5 +197,98 @@ describe("LangChain ChatOpenAI (@langchain/openai 0.6) through the router", () =
     ).rejects.toThrow(/abort/i);
     expect(seen).toBeGreaterThanOrEqual(3);
     await expectDecodeAborted();
+  });
+});
+
+describe("official openai SDK (openai 7) Responses API through the router", () => {
+  const client = () => new OpenAI({ apiKey: "unused-without-API_KEYS", baseURL: `${router.url}/v1`, maxRetries: 0 });
+
+  it("responses.create: the answer, usage with input and cached tokens from P, the P/D headers", async () => {
+    const { data, response } = await client()
+      .responses.create({ model: "sim-model", instructions: "You are terse.", input: `Say hi ${Date.now()}`, max_output_tokens: 5 })
+      .withResponse();
+    expect(data.object).toBe("response");
+    expect(data.output_text.split(" ")).toHaveLength(5);
+    expect(data.usage!.output_tokens).toBe(5);
+    expect(data.usage!.input_tokens).toBeGreaterThan(0);
+    // a cold prompt: P cached nothing (D, which pulled the KV, would have said all of it)
+    expect(data.usage!.input_tokens_details.cached_tokens).toBe(0);
+    expect(data.usage!.total_tokens).toBe(data.usage!.input_tokens + 5);
+    expect(response.headers.get("x-pd-prefill")).toMatch(/^p[01]$/);
+    expect(response.headers.get("x-pd-decode")).toMatch(/^d[01]$/);
+    await expectAllReleased();
+  });
+
+  it("responses.create streamed: typed events in order, text deltas, response.completed with P's usage", async () => {
+    const stream = await client().responses.create({ model: "sim-model", input: `Count ${Date.now()}`, max_output_tokens: 6, stream: true });
+    const types: string[] = [];
+    let text = "";
+    let completed: OpenAI.Responses.Response | undefined;
+    for await (const event of stream) {
+      types.push(event.type);
+      if (event.type === "response.output_text.delta") text += event.delta;
+      if (event.type === "response.completed") completed = event.response;
+    }
+    expect(types[0]).toBe("response.created");
+    expect(types.at(-1)).toBe("response.completed");
+    expect(types.filter((t) => t === "response.output_text.delta")).toHaveLength(6);
+    expect(text.split(" ")).toHaveLength(6);
+    expect(completed!.output_text ?? completed!.output.flatMap((o: any) => o.content ?? []).map((c: any) => c.text).join("")).toBe(text);
+    expect(completed!.usage!.output_tokens).toBe(6);
+    expect(completed!.usage!.input_tokens_details.cached_tokens).toBe(0);
+    expect(completed!.usage!.total_tokens).toBe(completed!.usage!.input_tokens + 6);
+    await expectAllReleased();
+  });
+
+  it("previous_response_id: the follow-up reaches the D that stored the response, streamed or not", async () => {
+    for (const stream of [false, true]) {
+      for (let c = 0; c < 3; c++) {
+        const first = await client().responses.create({ model: "sim-model", input: `Remember ${c} ${stream} ${Date.now()}`, max_output_tokens: 3 });
+        // a D that did not store it would answer 404 (vLLM's response store is per engine)
+        if (stream) {
+          const next = await client().responses.create({ model: "sim-model", input: `And then? ${c}`, previous_response_id: first.id, max_output_tokens: 3, stream: true });
+          let done: OpenAI.Responses.Response | undefined;
+          for await (const event of next) if (event.type === "response.completed") done = event.response;
+          expect(done!.previous_response_id).toBe(first.id);
+        } else {
+          const next = await client().responses.create({ model: "sim-model", input: `And then? ${c}`, previous_response_id: first.id, max_output_tokens: 3 });
+          expect(next.previous_response_id).toBe(first.id);
+        }
+      }
+    }
+    await expectAllReleased();
+  });
+
+  it("a streamed response aborted by the client: D sees the disconnect and the lease is released", async () => {
+    const ac = new AbortController();
+    const stream = await client().responses.create({ model: "sim-model", input: "Tell a long story", max_output_tokens: 400, stream: true }, { signal: ac.signal });
+    let seen = 0;
+    // the SDK's Stream ends its iteration quietly on an abort (openai/core/streaming: isAbortError -> return)
+    for await (const event of stream) if (event.type === "response.output_text.delta" && ++seen === 3) ac.abort();
+    expect(seen).toBe(3);
+    expect(stream.controller.signal.aborted).toBe(true);
+    await expectDecodeAborted();
+  });
+});
+
+describe("LangChain ChatOpenAI with useResponsesApi through the router", () => {
+  const chat = (maxTokens: number) =>
+    new ChatOpenAI({ model: "sim-model", apiKey: "unused-without-API_KEYS", configuration: { baseURL: `${router.url}/v1` }, maxTokens, maxRetries: 0, useResponsesApi: true });
+
+  it("invoke and stream over /v1/responses", async () => {
+    const message = await chat(5).invoke([
+      ["system", "You are terse."],
+      ["human", `Say hi ${Date.now()}`],
+    ]);
+    const text = typeof message.content === "string" ? message.content : message.content.map((p: any) => p.text ?? "").join("");
+    expect(text.split(" ")).toHaveLength(5);
+    expect(message.usage_metadata).toMatchObject({ output_tokens: 5 });
+    const chunks = [];
+    for await (const chunk of await chat(4).stream("Count")) chunks.push(chunk);
+    const streamed = chunks.map((c) => (typeof c.content === "string" ? c.content : c.content.map((p: any) => p.text ?? "").join(""))).join("");
+    expect(streamed.split(" ")).toHaveLength(4);
+    const stats = await engineStats();
+    expect(stats.d0!.requests.vllmDecode + stats.d1!.requests.vllmDecode).toBe(2);
+    await expectAllReleased();
   });
 });
