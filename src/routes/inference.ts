@@ -67,7 +67,7 @@ export async function buildRouteRequest(
   if (!serving("decode") || (!colocated && !serving("prefill"))) {
     throw new RouterError(404, `The model '${model}' does not exist or no node serves it.`, "not_found_error", "model_not_found", "model");
   }
-  const looping = nodesPointingAt(config, new URL(c.req.url).origin);
+  const looping = loopingNodes(config, c.req.url);
   if (looping.length) {
     throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
   }
@@ -86,6 +86,23 @@ export async function buildRouteRequest(
     request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun, ...(oneHop ? { oneHop } : {}) },
   };
 }
+
+/** Per document: node ids by origin, so the loop check costs one lookup a request. */
+const nodeOrigins = new WeakMap<ClusterConfig, Map<string, string[]>>();
+
+/** Nodes whose URL is the router's own origin (nodesPointingAt, computed once per document). */
+function loopingNodes(config: ClusterConfig, requestUrl: string): string[] {
+  let origins = nodeOrigins.get(config);
+  if (!origins) {
+    origins = new Map();
+    for (const origin of new Set(config.nodes.map((n) => new URL(n.url).origin))) origins.set(origin, nodesPointingAt(config, origin));
+    nodeOrigins.set(config, origins);
+  }
+  return origins.get(new URL(requestUrl).origin) ?? [];
+}
+
+/** Per document: its nodes by id. */
+const nodesById = new WeakMap<ClusterConfig, Map<string, NodeConfig>>();
 
 export function selectionFailure(error: SelectionError | { kind: "stale_view" }): RouterError {
   switch (error.kind) {
@@ -155,7 +172,8 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     const routed = await life.route(request, clusterView(config, version));
     if (!routed.ok) throw selectionFailure(routed.error);
     if (config.protocol === "colocated" || oneHop) life.prefillReported = true;
-    const nodes = new Map(config.nodes.map((n) => [n.id, n]));
+    let nodes = nodesById.get(config);
+    if (!nodes) nodesById.set(config, (nodes = new Map(config.nodes.map((n) => [n.id, n]))));
     const ctx: ForwardContext = {
       raw,
       parsed: body,
@@ -164,7 +182,7 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
       life,
       timeouts: config.timeouts,
       retries: RETRIES,
-      resolve: (id) => upstreamNode(env, nodes.get(id)!),
+      resolve: (id) => upstreamNode(env, nodes!.get(id)!),
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
     const answer = await (oneHop ? forwardColocated : PROTOCOLS[config.protocol])(ctx);

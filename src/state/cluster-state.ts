@@ -2,7 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
-import type { CandidateNode, Role } from "../routing/types";
+import type { CandidateNode, Decision, Role } from "../routing/types";
 import {
   breakerState,
   freshHealth,
@@ -152,7 +152,7 @@ export class ClusterState extends DurableObject {
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
     if (req.dryRun) return { ok: true, leaseId: null, decision };
-    if (req.leaseId && this.released.delete(req.leaseId)) return { ok: true, leaseId: null, decision };
+    if (req.leaseId && this.released.delete(req.leaseId)) return { ok: true, leaseId: null, decision: slimDecision(decision) };
 
     this.saveCursors(decision.cursors);
     const p = decision.prefill.id;
@@ -184,7 +184,8 @@ export class ClusterState extends DurableObject {
     if (lease.prefill) this.take(lease.prefill, "prefill", 0, now);
     this.take(d, "decode", req.tokens, now);
     this.countRecent(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
-    return { ok: true, leaseId, decision };
+    // The request needs only the picks: candidates and fallbacks stay here (the lease keeps the fallbacks).
+    return { ok: true, leaseId, decision: slimDecision(decision) };
   }
 
   /** The request still runs: its lease lives another TTL. False when it is gone (expired or released). */
@@ -489,6 +490,9 @@ export class ClusterState extends DurableObject {
     if (map.size > cap) map.delete(map.keys().next().value as string);
   }
 }
+
+const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
+const slimDecision = (d: Decision): Decision => ({ prefill: slimRole(d.prefill), decode: slimRole(d.decode), cursors: d.cursors });
 
 function newCounters(): NodeCounters {
   return { prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 };
