@@ -1,9 +1,11 @@
-import type { ClusterState } from "./state/cluster-state";
 
-/** Bindings and secrets of the Worker. Secrets named by a node's `apiKeySecret` are read dynamically. */
-export interface Env {
-  NODES: KVNamespace;
-  CLUSTER_STATE: DurableObjectNamespace<ClusterState>;
+/**
+ * Bindings, vars and secrets of the Worker. The bindings (NODES, CLUSTER_STATE) come from
+ * `wrangler types` (worker-configuration.d.ts, `npm run types`); the optional vars and secrets are
+ * unset by default, so they are listed here. Secrets named by a node's `apiKeySecret` are read
+ * dynamically.
+ */
+export interface Env extends Cloudflare.Env {
   /** defaults for the cluster document, overridden by the KV document */
   DEFAULT_PROTOCOL?: string;
   DEFAULT_POLICY?: string;

@@ -1,10 +1,4 @@
-import type { Env as RouterEnv } from "../src/env";
-
-declare global {
-  namespace Cloudflare {
-    interface Env extends RouterEnv {}
-  }
-}
+export {};
 
 declare module "vitest" {
   export interface ProvidedContext {
