@@ -55,8 +55,8 @@ export interface Rig {
   engineStats(): Promise<Record<string, EngineStats>>;
   metrics(): Promise<string>;
   putDocument(doc: unknown): Promise<void>;
-  /** workerd's resident set size in kB (null when /proc is not readable) */
-  workerdRssKb(): Promise<number | null>;
+  /** workerd's resident set size (kB) and CPU time used so far (ms); null when /proc is not readable */
+  workerd(): Promise<{ rssKb: number; cpuMs: number } | null>;
   /** resets every engine (faults, stats) */
   reset(): Promise<void>;
   stop(): Promise<void>;
@@ -76,6 +76,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   const persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-lifecycle-"));
   const port = await freePort();
   const all: string[] = [];
+  let pending = "";
   let router: { url: string; pid: number; stop: () => Promise<void> };
   try {
     router = await startRouter({
@@ -84,7 +85,14 @@ export async function startRig(o: RigOptions): Promise<Rig> {
       persistDir,
       vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0, ...o.vars },
       clusterDocument: o.document(url, `http://127.0.0.1:${port}`),
-      onOutput: (line: string) => all.push(line),
+      onOutput: (line: string) => {
+        // startRouter splits each chunk of output at newlines: a line cut by a chunk boundary
+        // arrives in two pieces, joined again here (the router's log lines are JSON objects)
+        const joined = pending + line;
+        pending = "";
+        if (joined.startsWith("{") && !joined.endsWith("}") && joined.length < 1_000_000) pending = joined;
+        else all.push(joined);
+      },
     });
   } catch (err) {
     await cluster.close();
@@ -118,19 +126,19 @@ export async function startRig(o: RigOptions): Promise<Rig> {
       expect(res.status, await res.clone().text()).toBeLessThan(300);
       await res.arrayBuffer();
     },
-    async workerdRssKb() {
+    async workerd() {
       try {
-        // the workerd child of the Miniflare process (its own process group, led by router.pid)
+        // the workerd child of the Miniflare process (router.pid leads its process group)
         const tasks = await readdir(`/proc/${router.pid}/task`);
         const children = (await Promise.all(tasks.map((t) => readFile(`/proc/${router.pid}/task/${t}/children`, "utf8").catch(() => "")))).join(" ");
-        let best: number | null = null;
         for (const pid of children.trim().split(/\s+/).filter(Boolean)) {
           const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
           if (!/^Name:\s*workerd/m.test(status)) continue;
-          const rss = Number(/VmRSS:\s*(\d+)/.exec(status)?.[1]);
-          if (Number.isFinite(rss)) best = Math.max(best ?? 0, rss);
+          const stat = (await readFile(`/proc/${pid}/stat`, "utf8")).split(") ")[1]!.split(" ");
+          // fields 14 and 15 (utime, stime) in clock ticks of 10 ms; index 11 and 12 after the name
+          return { rssKb: Number(/VmRSS:\s*(\d+)/.exec(status)?.[1]), cpuMs: (Number(stat[11]) + Number(stat[12])) * 10 };
         }
-        return best;
+        return null;
       } catch {
         return null;
       }
@@ -178,7 +186,11 @@ export function chatBody(extra: Record<string, unknown> = {}): Record<string, un
 /** A raw HTTP/1.1 request on its own socket: the test decides when the client leaves. */
 export class RawClient {
   readonly socket: net.Socket;
-  private received = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private joined: Buffer | null = Buffer.alloc(0);
+  private count = 0;
+  /** the last bytes received (a huge answer is never re-joined just to look at its end) */
+  private tail = Buffer.alloc(0);
   private waiters: Array<() => void> = [];
   closed = false;
   readonly connected: Promise<void>;
@@ -194,7 +206,10 @@ export class RawClient {
     this.socket.on("error", () => undefined);
     this.socket.write(`${opts.method ?? "POST"} ${opts.path ?? "/v1/chat/completions"} HTTP/1.1\r\n${Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join("")}\r\n${body}`);
     this.socket.on("data", (d: Buffer) => {
-      this.received = Buffer.concat([this.received, d]);
+      this.chunks.push(d);
+      this.joined = null;
+      this.count += d.byteLength;
+      this.tail = Buffer.concat([this.tail, d]).subarray(-4096);
       this.wake();
     });
     this.socket.on("close", () => {
@@ -208,14 +223,42 @@ export class RawClient {
   }
 
   /** The response has ended: its last chunk arrived (workerd may keep the socket open) or the socket closed. */
+  private get received(): Buffer {
+    if (this.joined === null) {
+      this.joined = Buffer.concat(this.chunks);
+      this.chunks = [this.joined];
+    }
+    return this.joined;
+  }
+
+  /** the last (up to) 4 KB received */
+  tailText(): string {
+    return this.tail.toString("utf8");
+  }
+
   get ended(): boolean {
     if (this.closed) return true;
-    const tail = this.received.subarray(Math.max(0, this.received.byteLength - 7)).toString("latin1");
+    const tail = this.tail.subarray(Math.max(0, this.tail.byteLength - 7)).toString("latin1");
     return tail.endsWith("\r\n0\r\n\r\n") || tail === "0\r\n\r\n";
   }
 
   get bytes(): number {
-    return this.received.byteLength;
+    return this.count;
+  }
+
+  /** Waits until the response ended (or the socket closed), at most `ms`; true when it did. */
+  async waitEnded(ms: number): Promise<boolean> {
+    const end = Date.now() + ms;
+    while (!this.ended && Date.now() < end) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, Math.max(1, end - Date.now()));
+        this.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    return this.ended;
   }
 
   text(): string {
