@@ -3,7 +3,7 @@ import type { DecodeAnswer, ForwardContext } from "./pipeline";
 import { bootstrapHost, forwardConcurrent } from "./sglang";
 import { prefillUsageOf, type PrefillUsage } from "./stream";
 import { UpstreamFailure, type UpstreamNode } from "./upstream";
-import { vllmPrefillBody } from "./vllm";
+import { continuesStoredResponse, decodeAlone, vllmPrefillBody } from "./vllm";
 
 // vLLM's MooncakeConnector flow, as its proxy runs it (vllm-project/vllm
 // examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py, and
@@ -53,6 +53,7 @@ export async function engineIdOf(p: UpstreamNode, signal: AbortSignal, now = Dat
 export const forgetEngineId = (p: UpstreamNode) => engineIds.delete(bootstrapAddr(p));
 
 export function forwardVllmMooncake(ctx: ForwardContext): Promise<DecodeAnswer> {
+  if (continuesStoredResponse(ctx.parsed)) return decodeAlone(ctx);
   // P's answer arrives beside D's stream; the usage frame at its end shows P's counts (0 cached until then).
   const usage: PrefillUsage = { promptTokens: null, cachedTokens: 0 };
   return forwardConcurrent(

@@ -1,4 +1,5 @@
 import { withFields } from "./body";
+import { forwardColocated } from "./colocated";
 import { memberText } from "./json-text";
 import { decodeAttempt, failOver, asFailure, sendLeg, withFailover, type DecodeAnswer, type ForwardContext } from "./pipeline";
 import { prefillUsageOf, type PrefillUsage } from "./stream";
@@ -90,7 +91,24 @@ async function prefill(ctx: ForwardContext, body: string, upstreamId: string): P
   return p;
 }
 
+/**
+ * A Responses API turn that continues a stored response (`previous_response_id`): the store and
+ * the conversation's history live on the D that answered it (vLLM's response store is the
+ * engine's own), so P could neither find the id (404) nor prefill the history. D gets the turn
+ * alone and prefills it itself, mostly from its own prefix cache.
+ */
+export function continuesStoredResponse(parsed: Record<string, unknown>): boolean {
+  return "input" in parsed && typeof parsed.previous_response_id === "string" && parsed.previous_response_id !== "";
+}
+
+export function decodeAlone(ctx: ForwardContext): Promise<DecodeAnswer> {
+  // P's part of the lease ends unused; D answers as a colocated node would
+  ctx.life.prefillDone({ node: ctx.life.chosen.prefill, outcome: "aborted" });
+  return forwardColocated(ctx);
+}
+
 export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
+  if (continuesStoredResponse(ctx.parsed)) return decodeAlone(ctx);
   for (let attempt = 0; ; attempt++) {
     // One id per P/D pair: a retry is a new pair with a fresh handle.
     const upstreamId = ctx.life.upstreamId();

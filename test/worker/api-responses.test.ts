@@ -258,10 +258,14 @@ describe("POST /v1/responses affinity", () => {
         // a follow-up whose own text would hash elsewhere: only the response id ties it to the first turn
         for (let t = 0; t < 3; t++) {
           const next = await place(responsesBody(`Unrelated follow-up ${t} ${c} ${RUN}`, { instructions: `Other ${t}`, previous_response_id: first.id }));
-          expect({ stream, c, turn: t, p: next.p, d: next.d }).toEqual({ stream, c, turn: t, p: first.p, d: first.d });
+          // D holds the stored response and the history: it takes the turn alone and prefills it
+          // itself (P would answer 404 for an id it never stored), so both headers name D
+          expect({ stream, c, turn: t, p: next.p, d: next.d }).toEqual({ stream, c, turn: t, p: first.d, d: first.d });
         }
         const [lastD] = (await received(first.d)).slice(-1);
         expect(JSON.parse(lastD!.body).previous_response_id).toBe(first.id);
+        expect(JSON.parse(lastD!.body)).not.toHaveProperty("kv_transfer_params");
+        expect((await received(first.p)).some((r) => r.body.includes(first.id))).toBe(false);
       }
     }
     await expectNoLoad();
