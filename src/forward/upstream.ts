@@ -179,7 +179,8 @@ export class Leg {
 
   private statusFailure(status: number, text: string): UpstreamFailure {
     const { leg, node } = this.call;
-    const message = `${leg} node ${node.id} answered HTTP ${status}`;
+    // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
+    const message = `${leg} node ${node.id} answered HTTP ${status}${status === 508 ? ": its URL leads back to the router (a routing loop)" : ""}`;
     if (!CLIENT_FAULT_STATUSES.has(status)) return new UpstreamFailure(leg, node.id, "status", message, status);
     return new UpstreamFailure(leg, node.id, "status", message, status, clientMessageOf(text, node.token));
   }
