@@ -72,7 +72,9 @@ export async function buildRouteRequest(
     throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
   }
   const policy = config.policy;
-  const keyed = !oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode));
+  // A turn that continues a stored response needs the nodes that stored it, whatever the policy.
+  const pinned = kind === "responses" && typeof body.previous_response_id === "string" && body.previous_response_id !== "";
+  const keyed = pinned || (!oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode)));
   const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
   const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
   // Only cache_aware needs the prompt rendered as one string; the rest of the policies never pay for it.
@@ -83,7 +85,7 @@ export async function buildRouteRequest(
     version: snapshot.version,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
-    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun, ...(oneHop ? { oneHop } : {}) },
+    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun, ...(oneHop ? { oneHop } : {}), ...(pinned ? { pinned } : {}) },
   };
 }
 

@@ -84,6 +84,7 @@ interface Pool {
   key: string | null;
   cursor: number;
   sticky: string | undefined;
+  pinned: boolean;
   matches: Record<string, number>;
   blockCount: number;
   loadFactor: number;
@@ -100,6 +101,7 @@ function poolOf(input: SelectionInput, role: Role): Pool {
     key: roleKey(input.key, role),
     cursor: input.cursors[role],
     sticky: input.sticky?.[role],
+    pinned: input.pinned === true,
     matches: input.prefixMatches[role],
     blockCount: input.prefixBlockCount,
     loadFactor: input.policy.loadFactor,
@@ -179,9 +181,10 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     (rendezvous.get(b.id) ?? 0) - (rendezvous.get(a.id) ?? 0) || compareIds(a.id, b.id);
 
   // Session stickiness: the conversation's previous node keeps it, even while draining.
-  if (usesKey && pool.sticky !== undefined) {
+  // A pinned request (its node holds state it needs) keeps the node whatever the policy and bound.
+  if ((usesKey || pool.pinned) && pool.sticky !== undefined) {
     const sticky = nodes.find((n) => n.id === pool.sticky);
-    if (sticky && sticky.healthy && inScope(sticky) && underOwnBound(sticky)) {
+    if (sticky && sticky.healthy && inScope(sticky) && (pool.pinned || underOwnBound(sticky))) {
       const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
       return finish(order, sticky, "sticky", false);
     }

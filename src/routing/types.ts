@@ -71,6 +71,11 @@ export interface SelectionInput {
   prefixBlockCount: number;
   /** the conversation's previous P and D (session stickiness), if remembered */
   sticky: { prefill?: string; decode?: string } | null;
+  /**
+   * The remembered nodes hold state the request needs (a stored response): they are taken
+   * whatever the policy and load bound, while healthy.
+   */
+  pinned?: boolean;
   /** round-robin cursors per pool (monotonic counters) */
   cursors: { prefill: number; decode: number };
 }

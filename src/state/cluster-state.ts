@@ -147,6 +147,7 @@ export class ClusterState extends DurableObject {
       prefixMatches,
       prefixBlockCount: req.prefixHashes.length,
       sticky,
+      pinned: req.pinned === true,
       cursors: { ...this.cursors },
     });
     if (!result.ok) return { ok: false, error: result.error };

@@ -36,6 +36,8 @@ export interface RouteRequest {
    * call is under way, the Worker can release the lease without having heard the answer.
    */
   leaseId?: string;
+  /** the key's remembered nodes hold state the request needs (a stored response): keep them */
+  pinned?: boolean;
   /** one hop to one decode-capable node (embeddings, tokenizer), whatever the protocol */
   oneHop?: boolean;
   /** the route's metric label (counted here if the lease expires unreleased) */

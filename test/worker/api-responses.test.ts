@@ -272,6 +272,28 @@ describe("POST /v1/responses affinity", () => {
   });
 });
 
+describe("POST /v1/responses: a stored response's D is kept under every policy", () => {
+  it.each(["round_robin", "least_load"])("%s: every previous_response_id turn reaches the D that stored the response", async (name) => {
+    await resetSim();
+    await resetClusterState();
+    await putCluster({ protocol: "vllm", policy: { prefill: name, decode: name }, nodes: [...P3, ...D3] });
+    for (let c = 0; c < 3; c++) {
+      const res = await post("/v1/responses", responsesBody(`Stored under ${name} ${c} ${RUN}`));
+      expect(res.status).toBe(200);
+      const first = { id: ((await res.json()) as any).id as string, d: res.headers.get("x-pd-decode")! };
+      await expectNoLoad();
+      // without the pin, round robin and least load would spread these turns over all three D
+      for (let t = 0; t < 3; t++) {
+        const next = await post("/v1/responses", responsesBody(`Follow-up ${t}`, { previous_response_id: first.id }));
+        expect(next.status).toBe(200);
+        await next.arrayBuffer();
+        expect(next.headers.get("x-pd-decode")).toBe(first.d);
+      }
+    }
+    await expectNoLoad();
+  });
+});
+
 describe("POST /v1/responses validation", () => {
   beforeEach(async () => {
     await resetSim();
