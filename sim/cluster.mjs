@@ -104,7 +104,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
           return bad(400, 'fault body is not valid JSON');
         }
         if (!fault || typeof fault !== 'object' || Array.isArray(fault)) return bad(400, 'fault must be an object');
-        const modes = ['none', 'status500', 'status400', 'hang', 'reset', 'midstream', 'slow', 'silent', 'eos'];
+        const modes = ['none', 'status500', 'status400', 'hang', 'reset', 'midstream', 'slow', 'silent', 'eos', 'respond', 'stall', 'flood', 'bigint'];
         if (fault.mode !== undefined && !modes.includes(fault.mode)) return bad(400, `fault.mode must be one of ${modes.join(', ')}`);
         for (const k of ['count', 'delayMs', 'afterChunks']) {
           if (fault[k] !== undefined && !(typeof fault[k] === 'number' && fault[k] >= 0)) return bad(400, `fault.${k} must be a number >= 0`);

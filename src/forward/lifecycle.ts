@@ -112,9 +112,10 @@ export class RequestLife {
 
   /** Picks P and D and takes the lease: the one round trip the response waits for. */
   async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
-    let routed = await this.awaited(this.o.state.route({ ...request, leaseId: this.leaseId }));
+    request = { ...request, leaseId: this.leaseId, requestId: this.o.requestId };
+    let routed = await this.awaited(this.o.state.route(request));
     // The object has another version of the document (new, or evicted): send it once.
-    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.awaited(this.o.state.route({ ...request, leaseId: this.leaseId, cluster: view }));
+    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.awaited(this.o.state.route({ ...request, cluster: view }));
     this.timings.routeMs = Date.now() - this.started;
     if (!routed.ok) return routed;
     // The client left during the call: end() has sent finish, which releases the lease (or, had

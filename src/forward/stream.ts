@@ -27,6 +27,11 @@ export interface RelayOptions {
   /** called once, however the stream ends */
   onEnd(end: StreamEnd): void;
   /**
+   * What a complete stream ends with (`data: [DONE]`; a Responses stream's final event): a
+   * stream that ends cleanly without one was cut, and ends with an error event instead.
+   */
+  endMarkers?: string[];
+  /**
    * Keeps the relay running past the client (the request's waitUntil). workerd cancels a
    * request's pending I/O and timers once it finds its client gone, unless waitUntil holds
    * them: without this the relay would never reach onEnd (no log line, no release but expiry).
@@ -53,6 +58,9 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   let reading = false;
   let idle = false;
   let ended = false;
+  /** the stream's last characters, to see how it ended (only with endMarkers) */
+  let lastBytes = o.endMarkers ? new TextDecoder().decode(o.first.subarray(-TAIL_BYTES)) : "";
+  const tailDecoder = new TextDecoder();
   let settle!: () => void;
   const settled = new Promise<void>((r) => (settle = r));
   const end = (e: StreamEnd) => {
@@ -95,9 +103,15 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
         if (chunk.done) {
           const tail = rewriter?.flush();
           if (tail?.byteLength) c.enqueue(tail);
+          if (o.endMarkers && !o.endMarkers.some((m) => lastBytes.includes(m))) {
+            c.enqueue(encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")));
+            c.close();
+            return end({ outcome: "failure", error: `decode node ${o.leg.node} ended its stream without ${o.endMarkers.join(" or ")}`, timeout: false });
+          }
           c.close();
           return end({ outcome: "ok" });
         }
+        if (o.endMarkers) lastBytes = (lastBytes + tailDecoder.decode(chunk.value.subarray(-TAIL_BYTES))).slice(-TAIL_BYTES);
         const out = rewriter ? rewriter.chunk(chunk.value) : chunk.value;
         // an empty piece (a partial line held for rewriting) still answers the pull
         c.enqueue(out);
@@ -134,6 +148,9 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   o.waitUntil?.(settled);
   return stream;
 }
+
+/** How much of a stream's end is kept to check how it ended. */
+const TAIL_BYTES = 256;
 
 /** Lines longer than this are passed on without being held for rewriting (a D that never sends a newline). */
 export const MAX_REWRITE_LINE_BYTES = 1 << 20;

@@ -202,6 +202,9 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
   }
 }
 
+/** The events that end a complete Responses API stream (vLLM's responses/serving.py). */
+const RESPONSES_END_EVENTS = ["response.completed", "response.incomplete", "response.failed"];
+
 const RESPONSE_ID = /"id"\s*:\s*"(resp[^"]{1,200})"/;
 
 /** A Responses API answer's id: the key under which its nodes are remembered for `previous_response_id`. */
@@ -260,6 +263,7 @@ function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, c
     stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
     onEnd,
     waitUntil: (p) => life.background(() => p),
+    endMarkers: kind === "responses" ? RESPONSES_END_EVENTS : ["[DONE]"],
   });
   return { stream };
 }

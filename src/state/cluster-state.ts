@@ -45,8 +45,9 @@ interface NodeLease {
   decode: string;
   tokens: number;
   expiresAt: number;
-  /** the route's metric label, for a lease that expires unreleased */
+  /** the route's metric label and the request's id, for a lease that expires unreleased */
   route: string;
+  requestId?: string | undefined;
   fallbacks: { prefill: string[]; decode: string[] };
   model: string;
 }
@@ -178,6 +179,7 @@ export class ClusterState extends DurableObject {
       tokens: req.tokens,
       expiresAt: now + this.leaseTtlMs,
       route: req.route ?? "other",
+      requestId: req.requestId,
       fallbacks: { prefill: [...decision.prefill.fallbacks], decode: [...decision.decode.fallbacks] },
       model: req.model,
     };
@@ -458,7 +460,7 @@ export class ClusterState extends DurableObject {
       this.expiredLeases++;
       const key = `${lease.route}\u0000499`;
       this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-      console.warn(JSON.stringify({ event: "lease_expired", leaseId: id, prefill: lease.prefill, decode: lease.decode, model: lease.model }));
+      console.warn(JSON.stringify({ event: "lease_expired", requestId: lease.requestId, leaseId: id, prefill: lease.prefill, decode: lease.decode, model: lease.model }));
     }
     for (const [id, expiresAt] of this.released) if (expiresAt <= now) this.released.delete(id);
   }

@@ -38,6 +38,8 @@ export interface RouteRequest {
   leaseId?: string;
   /** the key's remembered nodes hold state the request needs (a stored response): keep them */
   pinned?: boolean;
+  /** the request's id, named in the log line if its lease expires unreleased */
+  requestId?: string;
   /** one hop to one decode-capable node (embeddings, tokenizer), whatever the protocol */
   oneHop?: boolean;
   /** the route's metric label (counted here if the lease expires unreleased) */

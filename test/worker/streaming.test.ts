@@ -1,6 +1,6 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, resetSim, engineSawAbort } from "./helpers";
+import { chat, control, engineSawAbort, expectNoLoad, fault, post, putCluster, resetSim, snapshot } from "./helpers";
 
 const slowCluster = {
   protocol: "vllm",
@@ -87,6 +87,26 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     expect(text).not.toContain("[DONE]");
     const errorLine = text.split("\n").filter((l) => l.startsWith("data:")).at(-1)!;
     expect(JSON.parse(errorLine.slice(5)).error.type).toBe("upstream_error");
+    await expectNoLoad();
+  });
+});
+
+describe("a stream that ends cleanly but incomplete (a proxy or engine that cut it)", () => {
+  beforeEach(resetSim);
+
+  it("ends with an error event, not as a complete answer, and counts against D", async () => {
+    await putCluster({ protocol: "colocated", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "c0", role: "both" }] });
+    const event = { id: "x", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "half" } }] };
+    await fault("c0", { mode: "respond", status: 200, headers: { "content-type": "text/event-stream" }, body: `data: ${JSON.stringify(event)}\n\n`, count: 1 });
+    const res = await post("/v1/chat/completions", chat("cut", { stream: true }));
+    expect(res.status).toBe(200);
+    const { text } = await readAll(res);
+    expect(text).toContain('"half"');
+    expect(text).toContain("event: error");
+    expect(text).toContain("upstream_stream_incomplete");
+    expect(text).not.toContain("[DONE]");
+    const after = await snapshot();
+    expect(after.nodes.find((n) => n.id === "c0")!.failuresTotal).toBe(1);
     await expectNoLoad();
   });
 });
