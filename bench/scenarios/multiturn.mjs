@@ -146,7 +146,8 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale })
   let withDMiss = 0;
   let fullRepullsAfterFirst = 0;
   for (const [id, legs] of Object.entries(perRequest)) {
-    const m = /turn(\d+)$/.exec(id);
+    // the router's upstream id is the client's x-request-id plus a per-attempt suffix (unique ids, issue 10)
+    const m = /turn(\d+)(?:-[0-9a-f]{8}[0-9a-z]{1,2})?$/.exec(id);
     if (!m || Number(m[1]) <= 1) continue;
     afterFirst++;
     const list = Object.entries(legs).map(([engineId, rec]) => ({ role: stats[engineId]?.role, ...rec }));
