@@ -14,6 +14,8 @@ const SCENARIOS = {
   overhead: () => import('./scenarios/overhead.mjs').then((m) => m.runOverhead),
   groups: () => import('./scenarios/groups.mjs').then((m) => m.runGroups),
   'do-capacity': () => import('./scenarios/do-capacity.mjs').then((m) => m.runDoCapacity),
+  abandoned: () => import('./scenarios/abandoned.mjs').then((m) => m.runAbandoned),
+  'handle-retry': () => import('./scenarios/handle-retry.mjs').then((m) => m.runHandleRetry),
 };
 
 const USAGE = `usage: npm run bench -- <scenario> [options]
@@ -24,6 +26,8 @@ scenarios:
   overhead    router vs direct TTFB and throughput at concurrency 1,16,64; Worker memory with 1000 slow streams
   groups      2 groups x (2P+2D), affinity; --policy lists pdGroup modes (off,prefer,strict)
   do-capacity routed requests/s one ClusterState object sustains (route + finish), 8/64/512 nodes
+  abandoned   prefill blocks held by requests whose client left after P answered: today (no release) vs the router
+  handle-retry simulated TTFT of a D retry: re-run P for a fresh handle vs the plain body to D
   chart       --json PATH: re-draw the SVG of an earlier run
 
 common options:

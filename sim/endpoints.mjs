@@ -26,7 +26,8 @@
 //   sends them; P and D of a room meet through the cluster registry, as in the chat path.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleepReal } from 'node:timers/promises';
-import { promptOf, sendJson } from './engine.mjs';
+import { promptOf } from './engine.mjs';
+import { lowerHeaders, positiveInt, publish, readBody, sameHost, sendError, sendJson, waitFor } from './wire.mjs';
 import { chainedBlockHashes } from './prefix-cache.mjs';
 
 export const ENDPOINT_PATHS = ['/v1/responses', '/v1/embeddings', '/tokenize', '/detokenize', '/generate'];
@@ -202,9 +203,6 @@ function word(i, seed) {
 }
 
 /** @param {unknown} v */
-function positiveInt(v) {
-  return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : undefined;
-}
 
 // ---- POST /v1/responses (vLLM) -----------------------------------------------------------
 
@@ -642,60 +640,10 @@ function violation(stats, why) {
   if (stats.violations.length > 50) stats.violations.shift();
 }
 
-function sameHost(a, b) {
-  const norm = (h) => (h === 'localhost' || h === '::1' || h === '[::1]' ? '127.0.0.1' : h);
-  return norm(a) === norm(b);
-}
-
-/** Same room rendezvous as sim/engine.mjs (registry.rooms / registry.roomWaiters). */
 function publishRoom(registry, room, entry) {
-  registry.rooms.set(room, entry);
-  if (registry.rooms.size > MAX_REMEMBERED) registry.rooms.delete(/** @type {string} */ (registry.rooms.keys().next().value));
-  const waiters = registry.roomWaiters.get(room);
-  if (waiters) {
-    registry.roomWaiters.delete(room);
-    for (const wake of waiters) wake(entry);
-  }
+  publish(registry.rooms, registry.roomWaiters, room, entry, MAX_REMEMBERED);
 }
 
 function waitRoom(registry, room, timeoutMs, ctx) {
-  const ready = registry.rooms.get(room);
-  if (ready) return Promise.resolve(ready);
-  return new Promise((resolve) => {
-    let waiters = registry.roomWaiters.get(room);
-    if (!waiters) registry.roomWaiters.set(room, (waiters = new Set()));
-    const set = waiters;
-    const finish = (entry) => {
-      clearTimeout(timer);
-      clearInterval(poll);
-      set.delete(finish);
-      if (set.size === 0 && registry.roomWaiters.get(room) === set) registry.roomWaiters.delete(room);
-      resolve(entry);
-    };
-    const timer = setTimeout(() => finish(undefined), timeoutMs);
-    const poll = setInterval(() => ctx.closed && finish(undefined), 50);
-    set.add(finish);
-  });
-}
-
-// ---- wire helpers ------------------------------------------------------------------------
-
-function readBody(req) {
-  return new Promise((resolve, reject) => {
-    const chunks = [];
-    req.on('data', (c) => chunks.push(c));
-    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
-    req.on('error', reject);
-  });
-}
-
-function lowerHeaders(headers) {
-  const out = {};
-  for (const [k, v] of Object.entries(headers)) if (v !== undefined) out[k.toLowerCase()] = Array.isArray(v) ? v.join(', ') : v;
-  return out;
-}
-
-/** OpenAI error envelope (vLLM's ErrorResponse carries the same fields). */
-function sendError(res, status, message, type, code = null, param = null) {
-  sendJson(res, status, { error: { message, type, param, code } });
+  return waitFor(registry.rooms, registry.roomWaiters, room, timeoutMs, ctx);
 }

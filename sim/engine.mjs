@@ -5,6 +5,9 @@ import http from 'node:http';
 import { setTimeout as sleepReal } from 'node:timers/promises';
 import { createHash, randomUUID } from 'node:crypto';
 import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
+import { lowerHeaders, positiveInt, publish, readBody, sameHost, sendError, sendJson, waitFor } from './wire.mjs';
+
+export { sendJson };
 
 /**
  * @typedef {'prefill' | 'decode' | 'both'} EngineRole
@@ -1093,22 +1096,12 @@ export async function startEngine(options) {
 
 /** @param {Registry} registry @param {string} room @param {RoomEntry} entry */
 function publishRoom(registry, room, entry) {
-  remember(registry.rooms, room, entry);
-  const waiters = registry.roomWaiters.get(room);
-  if (waiters) {
-    registry.roomWaiters.delete(room);
-    for (const wake of waiters) wake(entry);
-  }
+  publish(registry.rooms, registry.roomWaiters, room, entry, MAX_REMEMBERED);
 }
 
 /** @param {Registry} registry @param {string} key @param {TransferEntry} entry */
 function publishTransfer(registry, key, entry) {
-  remember(registry.transfers, key, entry);
-  const waiters = registry.transferWaiters.get(key);
-  if (waiters) {
-    registry.transferWaiters.delete(key);
-    for (const wake of waiters) wake(entry);
-  }
+  publish(registry.transfers, registry.transferWaiters, key, entry, MAX_REMEMBERED);
 }
 
 /**
@@ -1117,23 +1110,7 @@ function publishTransfer(registry, key, entry) {
  * @returns {Promise<TransferEntry | undefined>}
  */
 function waitTransfer(registry, key, timeoutMs, ctx) {
-  const ready = registry.transfers.get(key);
-  if (ready) return Promise.resolve(ready);
-  return new Promise((resolve) => {
-    let waiters = registry.transferWaiters.get(key);
-    if (!waiters) registry.transferWaiters.set(key, (waiters = new Set()));
-    const set = waiters;
-    const finish = (/** @type {TransferEntry | undefined} */ entry) => {
-      clearTimeout(timer);
-      clearInterval(poll);
-      set.delete(finish);
-      if (set.size === 0 && registry.transferWaiters.get(key) === set) registry.transferWaiters.delete(key);
-      resolve(entry);
-    };
-    const timer = setTimeout(() => finish(undefined), timeoutMs);
-    const poll = setInterval(() => ctx.closed && finish(undefined), 50);
-    set.add(finish);
-  });
+  return waitFor(registry.transfers, registry.transferWaiters, key, timeoutMs, ctx);
 }
 
 /**
@@ -1142,24 +1119,7 @@ function waitTransfer(registry, key, timeoutMs, ctx) {
  * @returns {Promise<RoomEntry | undefined>}
  */
 function waitRoom(registry, room, timeoutMs, ctx) {
-  const ready = registry.rooms.get(room);
-  if (ready) return Promise.resolve(ready);
-  return new Promise((resolve) => {
-    let waiters = registry.roomWaiters.get(room);
-    if (!waiters) registry.roomWaiters.set(room, (waiters = new Set()));
-    const set = waiters;
-    const finish = (/** @type {RoomEntry | undefined} */ entry) => {
-      clearTimeout(timer);
-      clearInterval(poll);
-      set.delete(finish);
-      if (set.size === 0 && registry.roomWaiters.get(room) === set) registry.roomWaiters.delete(room);
-      resolve(entry);
-    };
-    const timer = setTimeout(() => finish(undefined), timeoutMs);
-    // a client that leaves stops the wait (checked cheaply, no listener juggling)
-    const poll = setInterval(() => ctx.closed && finish(undefined), 50);
-    set.add(finish);
-  });
+  return waitFor(registry.rooms, registry.roomWaiters, room, timeoutMs, ctx);
 }
 
 /** Resolves when the router closes this request's connection. @param {{ closed: boolean, onClose?: () => void }} ctx */
@@ -1233,16 +1193,6 @@ export function promptsOf(body, chat) {
 }
 
 /** @param {string} a @param {string} b */
-function sameHost(a, b) {
-  const norm = (/** @type {string} */ h) => (h === 'localhost' || h === '::1' || h === '[::1]' ? '127.0.0.1' : h);
-  return norm(a) === norm(b);
-}
-
-/** @param {unknown} v */
-function positiveInt(v) {
-  return typeof v === 'number' && Number.isInteger(v) && v > 0 ? v : undefined;
-}
-
 /**
  * The prompt as text (chat messages rendered `role: content`, one a line) or token ids.
  * @param {any} body @param {boolean} chat
@@ -1272,39 +1222,3 @@ export function promptOf(body, chat) {
   return undefined;
 }
 
-/** @param {http.IncomingMessage} req @returns {Promise<string>} */
-function readBody(req) {
-  return new Promise((resolve, reject) => {
-    /** @type {Buffer[]} */
-    const chunks = [];
-    req.on('data', (c) => chunks.push(c));
-    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
-    req.on('error', reject);
-  });
-}
-
-/** @param {http.IncomingHttpHeaders} headers @returns {Record<string, string>} */
-function lowerHeaders(headers) {
-  /** @type {Record<string, string>} */
-  const out = {};
-  for (const [k, v] of Object.entries(headers)) {
-    if (v !== undefined) out[k.toLowerCase()] = Array.isArray(v) ? v.join(', ') : v;
-  }
-  return out;
-}
-
-/** @param {http.ServerResponse} res @param {number} status @param {unknown} body */
-export function sendJson(res, status, body) {
-  if (res.headersSent || res.destroyed) return;
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-/**
- * OpenAI error envelope.
- * @param {http.ServerResponse} res @param {number} status @param {string} message @param {string} type @param {string | null} [code]
- */
-function sendError(res, status, message, type, code = null) {
-  sendJson(res, status, { error: { message, type, param: null, code } });
-}

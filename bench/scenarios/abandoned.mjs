@@ -14,8 +14,8 @@
 //          ends. The figure is therefore an upper bound of what the edge holds.
 // Sampled every --sample-ms: P's held blocks (GET /stats heldBlocks) of both prefill engines.
 //
-// `node bench/scenarios/abandoned.mjs [--requests 20] [--prompt-tokens 8192] [--tail-ms 5000]
-//   [--hold-ms 480000] [--json bench/results/abandoned.json]`, or through run.mjs once registered.
+// `npm run bench -- abandoned [--requests 20] [--prompt-tokens 8192] [--tail-ms 5000]
+//   [--hold-ms 480000] [--json bench/results/abandoned.json]`.
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -140,19 +140,4 @@ export async function runAbandoned(options) {
     ],
   };
   return { report, table, chart };
-}
-
-// run directly: node bench/scenarios/abandoned.mjs [options]
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const { options } = parseArgs(['abandoned', ...process.argv.slice(2)]);
-  const startedAt = performance.now();
-  const { report, table, chart } = await runAbandoned(options);
-  const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
-  const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', 'abandoned.json');
-  const seconds = Math.round((performance.now() - startedAt) / 100) / 10;
-  writeReport(jsonPath, { ...report, elapsedS: seconds, worker: workerSource(), finishedAt: new Date().toISOString(), chart }, chart);
-  writeFileSync(jsonPath.replace(/\.json$/i, '') + '.md', `\`node bench/scenarios/abandoned.mjs ${process.argv.slice(2).join(' ')}\` (${seconds} s)\n\n${table}\n`);
-  console.log(table);
-  console.log(`\nabandoned: ${seconds} s; wrote ${jsonPath}`);
-  process.exit(0);
 }

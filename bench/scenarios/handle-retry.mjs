@@ -72,15 +72,3 @@ export async function runHandleRetry(options) {
   };
   return { report: { scenario: 'handle-retry', results: results.map((r) => ({ policy: `${r.promptTokens}`, ...r })) }, table, chart };
 }
-
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const { options } = parseArgs(['handle-retry', ...process.argv.slice(2)]);
-  const { report, table, chart } = await runHandleRetry(options);
-  const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
-  const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', 'handle-retry.json');
-  writeReport(jsonPath, { ...report, finishedAt: new Date().toISOString(), chart }, chart);
-  writeFileSync(jsonPath.replace(/\.json$/i, '') + '.md', `\`node bench/scenarios/handle-retry.mjs ${process.argv.slice(2).join(' ')}\`\n\n${table}\n`);
-  console.log(table);
-  console.log(`\nwrote ${jsonPath}`);
-  process.exit(0);
-}
