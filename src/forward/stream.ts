@@ -2,11 +2,7 @@ import { sseErrorEvent } from "../errors";
 import { editMembers } from "./json-text";
 import type { Leg } from "./upstream";
 
-export type StreamEnd =
-  | { outcome: "ok" }
-  | { outcome: "failure"; error: string; timeout: boolean }
-  | { outcome: "aborted"; error: string }
-  | { outcome: "stalled"; error: string };
+export type StreamEnd = { outcome: "ok" } | { outcome: "failure"; error: string; timeout: boolean } | { outcome: "aborted"; error: string } | { outcome: "stalled"; error: string };
 
 /** Rewrites a stream's bytes chunk by chunk; `flush` returns what it still holds at the end. */
 export interface ChunkRewriter {
@@ -93,7 +89,11 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
           }
           // Never a silent truncated 200: the client gets an error event.
           const error = idle ? `decode node ${o.leg.node} sent nothing for ${o.idleMs} ms` : `decode stream failed: ${(err as Error)?.message ?? String(err)}`;
-          c.enqueue(encoder.encode(sseErrorEvent(idle ? "the decode node stopped sending" : "the decode node failed while streaming", idle ? "upstream_idle_timeout" : "upstream_stream_error")));
+          c.enqueue(
+            encoder.encode(
+              sseErrorEvent(idle ? "the decode node stopped sending" : "the decode node failed while streaming", idle ? "upstream_idle_timeout" : "upstream_stream_error"),
+            ),
+          );
           c.close();
           return end({ outcome: "failure", error, timeout: idle });
         }
@@ -146,7 +146,9 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   }, period);
   // workerd drops a request's timers and I/O once its client is gone unless waitUntil holds them
   o.waitUntil?.(settled);
-  return stream;
+  // Through a native stream, workerd tells a client that leaves mid-stream at once (cancel()
+  // ran within ~50 ms over TCP); handing it the JS stream itself, it never did.
+  return stream.pipeThrough(new IdentityTransformStream());
 }
 
 /** How much of a stream's end is kept to check how it ended. */
@@ -183,7 +185,12 @@ export function sseUsageRewriter(fix: (usage: Record<string, unknown>) => void):
   const rewriteText = (bytes: Uint8Array): Uint8Array => {
     const text = decoder.decode(bytes);
     if (!text.includes('"usage"')) return bytes;
-    return encoder.encode(text.split("\n").map((line) => rewriteUsageLine(line, fix)).join("\n"));
+    return encoder.encode(
+      text
+        .split("\n")
+        .map((line) => rewriteUsageLine(line, fix))
+        .join("\n"),
+    );
   };
   return {
     chunk(bytes) {
@@ -278,7 +285,8 @@ export function prefillUsageOf(json: Record<string, unknown>): PrefillUsage {
 export function fixUsage(p: PrefillUsage): (usage: Record<string, unknown>) => void {
   return (usage) => {
     // Responses API usage names the same counts input/output tokens
-    const [prompt, details, completion] = "input_tokens" in usage ? ["input_tokens", "input_tokens_details", "output_tokens"] : ["prompt_tokens", "prompt_tokens_details", "completion_tokens"];
+    const [prompt, details, completion] =
+      "input_tokens" in usage ? ["input_tokens", "input_tokens_details", "output_tokens"] : ["prompt_tokens", "prompt_tokens_details", "completion_tokens"];
     if (p.promptTokens !== null) usage[prompt] = p.promptTokens;
     const held = usage[details] && typeof usage[details] === "object" ? (usage[details] as Record<string, unknown>) : {};
     usage[details] = { ...held, cached_tokens: p.cachedTokens };
