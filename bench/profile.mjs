@@ -58,7 +58,12 @@ async function devtools(url) {
 }
 
 const cluster = await startSimCluster({
-  engines: [{ id: 'p0', role: 'prefill' }, { id: 'p1', role: 'prefill' }, { id: 'd0', role: 'decode' }, { id: 'd1', role: 'decode' }],
+  engines: [
+    { id: 'p0', role: 'prefill' },
+    { id: 'p1', role: 'prefill' },
+    { id: 'd0', role: 'decode' },
+    { id: 'd1', role: 'decode' },
+  ],
   defaults: { timeScale: 0 },
 });
 const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-profile-'));
@@ -79,7 +84,13 @@ onShutdown(stop);
 let status = 0;
 try {
   const agent = createAgent(concurrency * 2);
-  const body = (/** @type {number} */ i) => ({ model: 'sim-model', messages: [{ role: 'user', content: `request ${i} `.padEnd(64, 'x') }], stream: true, stream_options: { include_usage: true }, max_tokens: 8 });
+  const body = (/** @type {number} */ i) => ({
+    model: 'sim-model',
+    messages: [{ role: 'user', content: `request ${i} `.padEnd(64, 'x') }],
+    stream: true,
+    stream_options: { include_usage: true },
+    max_tokens: 8,
+  });
   let seq = 0;
   let failed = 0;
   const load = async (/** @type {number} */ ms) => {
@@ -112,7 +123,10 @@ try {
   const head = [
     `router CPU profile: policy ${policy}, concurrency ${concurrency}, ${seconds} s, ${requests} requests (${failed} failed), ${(requests / seconds).toFixed(0)} requests/s`,
     `workerd CPU ${(cpuMs / requests).toFixed(2)} ms a request (whole process, profiler on); sampling every ${intervalUs} us; inspector target: ${target.title ?? target.id}`,
-    `Worker: ${JSON.stringify((await import('./lib/harness.mjs')).workerSource())}; load average ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`,
+    `Worker: ${JSON.stringify((await import('./lib/harness.mjs')).workerSource())}; load average ${os
+      .loadavg()
+      .map((x) => x.toFixed(2))
+      .join(' ')}`,
   ];
   const sourceOf = bundleModules(readFileSync(path.join(persistDir, 'bundle', 'worker.mjs'), 'utf8'));
   console.log(`${head.join('\n')}\n\n${formatTop(topSelfTime(profile, top, sourceOf))}\n\nprofile: ${out}`);

@@ -73,14 +73,18 @@ try {
   const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
   const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
   const seconds = Math.round((performance.now() - started) / 100) / 10;
-  const written = writeReport(jsonPath, { ...report, elapsedS: seconds, runtime: process.env.BENCH_RUNTIME, machine: machineNote(), finishedAt: new Date().toISOString(), worker: workerSource(), chart }, chart);
+  const written = writeReport(
+    jsonPath,
+    { ...report, elapsedS: seconds, runtime: process.env.BENCH_RUNTIME, machine: machineNote(), finishedAt: new Date().toISOString(), worker: workerSource(), chart },
+    chart,
+  );
   // the table as markdown beside the JSON, with the command that made it (RESULTS.md is built from these)
   writeFileSync(jsonPath.replace(/\.json$/i, '') + '.md', `\`npm run bench -- ${process.argv.slice(2).join(' ')}\` (${seconds} s)\n\n${table}\n`);
   console.log(table);
   console.log(`\n${scenario}: ${seconds} s in all; wrote ${written.json} and ${written.svg}`);
   process.exit(0);
 } catch (error) {
-  console.error(error instanceof Error ? error.stack ?? error.message : error);
+  console.error(error instanceof Error ? (error.stack ?? error.message) : error);
   process.exit(1);
 }
 

@@ -36,16 +36,7 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
  * @returns {Promise<{ url: string, pid: number, output: () => string, stop: () => Promise<void> }>}
  */
 export async function startRouter(options) {
-  const {
-    port = 8787,
-    clusterDocument,
-    vars = {},
-    cwd = REPO_ROOT,
-    config,
-    inspectorPort,
-    startTimeoutMs = 90000,
-    onOutput,
-  } = options;
+  const { port = 8787, clusterDocument, vars = {}, cwd = REPO_ROOT, config, inspectorPort, startTimeoutMs = 90000, onOutput } = options;
   const persistDir = path.resolve(cwd, options.persistDir ?? '.wrangler/state');
   mkdirSync(persistDir, { recursive: true });
   const configArgs = config ? ['--config', config] : [];
@@ -58,7 +49,11 @@ export async function startRouter(options) {
     const varArgs = Object.entries(vars).map(([key, value]) => `${key}=${value}`);
     command = { cmd: process.execPath, args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs] };
   } else {
-    const put = await run(WRANGLER.cmd, [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs], cwd);
+    const put = await run(
+      WRANGLER.cmd,
+      [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs],
+      cwd,
+    );
     if (put.code !== 0) throw new Error(`wrangler kv key put failed (exit ${put.code}):\n${put.output}`);
     const args = [...WRANGLER.args, 'dev', '--ip', '127.0.0.1', '--port', String(port), '--persist-to', persistDir, '--show-interactive-dev-session=false', ...configArgs];
     if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
@@ -83,7 +78,12 @@ export async function startRouter(options) {
   child.stderr.on('data', collect);
   let exited = false;
   /** @type {Promise<void>} */
-  const exit = new Promise((resolve) => child.once('exit', () => { exited = true; resolve(); }));
+  const exit = new Promise((resolve) =>
+    child.once('exit', () => {
+      exited = true;
+      resolve();
+    }),
+  );
   const killOnExit = () => killGroup(pid, 'SIGKILL');
   process.once('exit', killOnExit);
 
@@ -116,7 +116,9 @@ export async function startRouter(options) {
     await sleep(250);
   }
   await stop();
-  throw new Error(`the router (${options.runtime ?? 'wrangler'}) did not answer GET /healthz 200 at ${url} ${exited ? '(it exited)' : `within ${startTimeoutMs} ms`}:\n${lines.slice(-60).join('\n')}`);
+  throw new Error(
+    `the router (${options.runtime ?? 'wrangler'}) did not answer GET /healthz 200 at ${url} ${exited ? '(it exited)' : `within ${startTimeoutMs} ms`}:\n${lines.slice(-60).join('\n')}`,
+  );
 }
 
 /** @param {number} pid @param {NodeJS.Signals} signal */

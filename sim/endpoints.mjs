@@ -72,7 +72,12 @@ export async function handleEndpoint(req, res, path, hooks) {
   // rooms are cut from the raw text, so a 63-bit integer stays exact (a JS number would round it)
   const room = /"bootstrap_room"\s*:\s*(-?\d+|"[^"]*"|\[[^\]]*\])/.exec(raw);
   if (room) {
-    if (room[1].startsWith('[')) entry.bootstrapRooms = room[1].slice(1, -1).split(',').map((s) => s.trim().replace(/"/g, '')).filter(Boolean);
+    if (room[1].startsWith('['))
+      entry.bootstrapRooms = room[1]
+        .slice(1, -1)
+        .split(',')
+        .map((s) => s.trim().replace(/"/g, ''))
+        .filter(Boolean);
     else {
       entry.bootstrapRoom = room[1].replace(/"/g, '');
       entry.bootstrapRoomBareInteger = !room[1].startsWith('"');
@@ -214,11 +219,14 @@ export function responsesPromptText(body) {
   else if (Array.isArray(body.input)) {
     for (const item of body.input) {
       if (!item || typeof item !== 'object') continue;
-      const content = typeof item.content === 'string'
-        ? item.content
-        : Array.isArray(item.content)
-          ? item.content.map((/** @type {any} */ p) => (p && typeof p.text === 'string' ? p.text : '')).join('')
-          : typeof item.output === 'string' ? item.output : '';
+      const content =
+        typeof item.content === 'string'
+          ? item.content
+          : Array.isArray(item.content)
+            ? item.content.map((/** @type {any} */ p) => (p && typeof p.text === 'string' ? p.text : '')).join('')
+            : typeof item.output === 'string'
+              ? item.output
+              : '';
       parts.push(`${item.role ?? item.type ?? 'user'}: ${content}`);
     }
   }
@@ -275,7 +283,8 @@ async function responses({ res, body, model, hooks, ctx }) {
     // D leg: pull P's KV, then decode; D counts the KV it pulled as cached
     stats.requests.vllmDecode++;
     if (typeof kv.remote_engine_id !== 'string') violation(stats, 'vllm responses decode leg without remote_engine_id');
-    else if (registry.engines.size > 1 && !registry.engines.has(kv.remote_engine_id)) violation(stats, `vllm responses decode leg names unknown remote_engine_id ${kv.remote_engine_id}`);
+    else if (registry.engines.size > 1 && !registry.engines.has(kv.remote_engine_id))
+      violation(stats, `vllm responses decode leg names unknown remote_engine_id ${kv.remote_engine_id}`);
     const tokens = Math.max(1, Math.ceil(text.length / t.charsPerToken));
     stats.promptTokens += tokens;
     stats.cachedTokens += tokens;
@@ -383,7 +392,8 @@ async function responses({ res, body, model, hooks, ctx }) {
   if (!(await send('response.created', { response: inProgress }))) return;
   if (!(await send('response.in_progress', { response: inProgress }))) return;
   if (!(await send('response.output_item.added', { item: message('', 'in_progress'), output_index: 0 }))) return;
-  if (!(await send('response.content_part.added', { content_index: 0, item_id: itemId, output_index: 0, part: { annotations: [], text: '', type: 'output_text', logprobs: [] } }))) return;
+  if (!(await send('response.content_part.added', { content_index: 0, item_id: itemId, output_index: 0, part: { annotations: [], text: '', type: 'output_text', logprobs: [] } })))
+    return;
   let textOut = '';
   for (let i = 0; i < outputTokens; i++) {
     await simSleep(clock, t.decodeBaseMs, t.timeScale);
@@ -394,7 +404,15 @@ async function responses({ res, body, model, hooks, ctx }) {
     if (!(await send('response.output_text.delta', { content_index: 0, delta, item_id: itemId, output_index: 0, logprobs: [] }))) return;
   }
   if (!(await send('response.output_text.done', { content_index: 0, item_id: itemId, output_index: 0, text: textOut, logprobs: [] }))) return;
-  if (!(await send('response.content_part.done', { content_index: 0, item_id: itemId, output_index: 0, part: { annotations: [], text: textOut, type: 'output_text', logprobs: null } }))) return;
+  if (
+    !(await send('response.content_part.done', {
+      content_index: 0,
+      item_id: itemId,
+      output_index: 0,
+      part: { annotations: [], text: textOut, type: 'output_text', logprobs: null },
+    }))
+  )
+    return;
   if (!(await send('response.output_item.done', { item: message(textOut, 'completed'), output_index: 0 }))) return;
   remember();
   if (!(await send('response.completed', { response: base('incomplete', [message(textOut, 'completed')], usageOf(outputTokens)) }))) return;
@@ -510,7 +528,8 @@ async function generate({ res, body, hooks, ctx, entry }) {
   if (typeof body.text === 'string') prompts = [body.text];
   else if (Array.isArray(body.text) && body.text.length > 0 && body.text.every((x) => typeof x === 'string')) [prompts, batch] = [body.text, true];
   else if (Array.isArray(body.input_ids) && body.input_ids.length > 0 && body.input_ids.every((x) => typeof x === 'number')) prompts = [body.input_ids.join(' ')];
-  else if (Array.isArray(body.input_ids) && body.input_ids.length > 0 && body.input_ids.every((x) => Array.isArray(x))) [prompts, batch] = [body.input_ids.map((ids) => ids.join(' ')), true];
+  else if (Array.isArray(body.input_ids) && body.input_ids.length > 0 && body.input_ids.every((x) => Array.isArray(x)))
+    [prompts, batch] = [body.input_ids.map((ids) => ids.join(' ')), true];
   else return sendError(res, 400, 'Either text or input_ids should be provided.', 'invalid_request_error');
   const n = prompts.length;
   const sp = body.sampling_params && typeof body.sampling_params === 'object' ? body.sampling_params : {};
@@ -535,7 +554,7 @@ async function generate({ res, body, hooks, ctx, entry }) {
       }
     }
     // the exact room integers, cut from the raw text into the log entry
-    const rooms = batch ? entry.bootstrapRooms ?? body.bootstrap_room.map(String) : [entry.bootstrapRoom ?? String(room)];
+    const rooms = batch ? (entry.bootstrapRooms ?? body.bootstrap_room.map(String)) : [entry.bootstrapRoom ?? String(room)];
     for (let i = 0; i < n; i++) {
       legs.push({ host: String(batch ? body.bootstrap_host[i] : body.bootstrap_host), port: Number(batch ? body.bootstrap_port[i] : body.bootstrap_port), room: rooms[i] ?? '' });
     }
@@ -559,7 +578,15 @@ async function generate({ res, body, hooks, ctx, entry }) {
         violation(stats, `sglang /generate prefill leg names bootstrap ${leg.host}:${leg.port}, this node is ${engine.host}:${engine.bootstrapPort}`);
       }
       const p = await prefill(hooks, prompts[i], clock);
-      publishRoom(registry, leg.room, { engineId: engine.id, host: engine.host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: p.hashes, queueMs: 0, prefillMs: 0 });
+      publishRoom(registry, leg.room, {
+        engineId: engine.id,
+        host: engine.host,
+        bootstrapPort: engine.bootstrapPort,
+        port: engine.port,
+        hashes: p.hashes,
+        queueMs: 0,
+        prefillMs: 0,
+      });
       prompt.push({ tokens: p.tokens, cached: p.cachedTokens });
     } else {
       const leg = legs[i];

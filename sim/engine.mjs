@@ -80,12 +80,33 @@ const MAX_REQUEST_STATS = 50000;
 /**
  * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds'>} TunableOptions
  */
-export const TUNABLE_OPTIONS = ['timeScale', 'prefillMsPerToken', 'transferMsPerBlock', 'decodeBaseMs', 'kvHoldTimeoutMs', 'rejectionReleasesHandle', 'promptTokensDetails', 'sglangAbortGraceMs', 'sglangStreamAbortGraceMs', 'healthGenerate', 'rejectDuplicateRequestIds'];
+export const TUNABLE_OPTIONS = [
+  'timeScale',
+  'prefillMsPerToken',
+  'transferMsPerBlock',
+  'decodeBaseMs',
+  'kvHoldTimeoutMs',
+  'rejectionReleasesHandle',
+  'promptTokensDetails',
+  'sglangAbortGraceMs',
+  'sglangStreamAbortGraceMs',
+  'healthGenerate',
+  'rejectDuplicateRequestIds',
+];
 const FILLER = 'the quick brown fox jumps over a lazy dog while seven bright stars drift across calm northern water'.split(' ');
 
 /** @returns {Registry} */
 export function createRegistry() {
-  return { engines: new Map(), rooms: new Map(), roomWaiters: new Map(), prefills: new Map(), claimedRooms: new Map(), handles: new Map(), transfers: new Map(), transferWaiters: new Map() };
+  return {
+    engines: new Map(),
+    rooms: new Map(),
+    roomWaiters: new Map(),
+    prefills: new Map(),
+    claimedRooms: new Map(),
+    handles: new Map(),
+    transfers: new Map(),
+    transferWaiters: new Map(),
+  };
 }
 
 /** @template K, V @param {Map<K, V>} map @param {K} key @param {V} value */
@@ -250,7 +271,11 @@ export async function startEngine(options) {
     stats.issuedHandles++;
     /** @type {HeldKv} */
     const entry = {
-      key, engineId: id, digest, blocks, state: 'held',
+      key,
+      engineId: id,
+      digest,
+      blocks,
+      state: 'held',
       free(how) {
         if (entry.state !== 'held') return;
         entry.state = how;
@@ -344,9 +369,8 @@ export async function startEngine(options) {
     // Queue time in simulated ms, from the work ahead rather than the real wait: at small time
     // scales a millisecond of event-loop jitter would otherwise read as seconds of queueing.
     const startedAhead = prefillStartedSimTotal;
-    const runningLeft = runningPrefill && timeScale > 0
-      ? Math.min(runningPrefill.simMs, Math.max(0, runningPrefill.simMs - (performance.now() - runningPrefill.startedAt) / timeScale))
-      : 0;
+    const runningLeft =
+      runningPrefill && timeScale > 0 ? Math.min(runningPrefill.simMs, Math.max(0, runningPrefill.simMs - (performance.now() - runningPrefill.startedAt) / timeScale)) : 0;
     const previous = prefillQueue;
     /** @type {() => void} */
     let release = () => {};
@@ -393,7 +417,15 @@ export async function startEngine(options) {
     if (hit === 0 && pulled > 1) stats.fullRepulls++;
     else stats.suffixPulls++;
     if (rec) {
-      Object.assign(rec, { promptTokens: tokens, cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses, blocksPulled: pulled, fullRepull: hit === 0 && pulled > 1 });
+      Object.assign(rec, {
+        promptTokens: tokens,
+        cachedTokens,
+        blocks: hashes.length,
+        blocksHit: hit,
+        localityMissBlocks: misses,
+        blocksPulled: pulled,
+        fullRepull: hit === 0 && pulled > 1,
+      });
       if (source !== undefined) rec.remoteEngineId = source;
     }
     stats.blocksPulled += pulled;
@@ -450,7 +482,13 @@ export async function startEngine(options) {
           const last = i === gen.outputTokens - 1;
           const finish = last ? 'length' : null;
           const chunk = chat
-            ? { id: idStr, object: 'chat.completion.chunk', created, model, choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }] }
+            ? {
+                id: idStr,
+                object: 'chat.completion.chunk',
+                created,
+                model,
+                choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }],
+              }
             : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: word, logprobs: null, finish_reason: finish }] };
           data += `data: ${JSON.stringify(chunk)}\n\n`;
         }
@@ -488,8 +526,22 @@ export async function startEngine(options) {
       return;
     }
     const body = chat
-      ? { id: idStr, object: 'chat.completion', created, model, choices: texts.map((t, c) => ({ index: c, message: { role: 'assistant', content: t.join('') }, logprobs: null, finish_reason: 'length' })), usage: gen.usage }
-      : { id: idStr, object: 'text_completion', created, model, choices: texts.map((t, c) => ({ index: c, text: t.join(''), logprobs: null, finish_reason: 'length' })), usage: gen.usage };
+      ? {
+          id: idStr,
+          object: 'chat.completion',
+          created,
+          model,
+          choices: texts.map((t, c) => ({ index: c, message: { role: 'assistant', content: t.join('') }, logprobs: null, finish_reason: 'length' })),
+          usage: gen.usage,
+        }
+      : {
+          id: idStr,
+          object: 'text_completion',
+          created,
+          model,
+          choices: texts.map((t, c) => ({ index: c, text: t.join(''), logprobs: null, finish_reason: 'length' })),
+          usage: gen.usage,
+        };
     const json = JSON.stringify(body);
     if (ctx.stallAfterChunks !== undefined) {
       // stall on a non-stream answer: half a body, then silence with the connection open
@@ -531,7 +583,9 @@ export async function startEngine(options) {
       model: ctx.model,
       choices: prompts.map((q, index) => {
         const word = promptDigest(q);
-        return ctx.chat ? { index, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' } : { index, text: word, logprobs: null, finish_reason: 'length' };
+        return ctx.chat
+          ? { index, message: { role: 'assistant', content: word }, logprobs: null, finish_reason: 'length' }
+          : { index, text: word, logprobs: null, finish_reason: 'length' };
       }),
       usage,
       kv_transfer_params: params,
@@ -730,12 +784,15 @@ export async function startEngine(options) {
           let abortTimer;
           ctx.onClose = () => {
             if (done) return;
-            abortTimer = setTimeout(() => {
-              if (done) return;
-              aborted = true;
-              stats.sglangAborts++;
-              publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: [], queueMs: 0, prefillMs: 0, aborted: true });
-            }, ctx.stream ? sglangStreamAbortGraceMs : sglangAbortGraceMs);
+            abortTimer = setTimeout(
+              () => {
+                if (done) return;
+                aborted = true;
+                stats.sglangAborts++;
+                publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: [], queueMs: 0, prefillMs: 0, aborted: true });
+              },
+              ctx.stream ? sglangStreamAbortGraceMs : sglangAbortGraceMs,
+            );
             abortTimer.unref?.();
           };
           const p = await prefillLocal(hashes, tokens, clock, rec);
@@ -743,7 +800,14 @@ export async function startEngine(options) {
           clearTimeout(abortTimer);
           if (aborted) return;
           publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs, digest });
-          return await generate(res, ctx, { outputTokens: 1, beforeFirstMs: 0, usage: usageOf(tokens, 1, p.cachedTokens), recordLatency: false, clock, digests: prompts.map(promptDigest) });
+          return await generate(res, ctx, {
+            outputTokens: 1,
+            beforeFirstMs: 0,
+            usage: usageOf(tokens, 1, p.cachedTokens),
+            recordLatency: false,
+            clock,
+            digests: prompts.map(promptDigest),
+          });
         }
         stats.requests.sglangDecode++;
         const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
@@ -770,7 +834,14 @@ export async function startEngine(options) {
         const t = await pullBlocks(hashes, tokens, found.engineId, clock, rec);
         const kvDigest = found.digest ?? digest;
         if (kvDigest !== digest) stats.foreignHandleReads++;
-        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))) });
+        return await generate(res, ctx, {
+          outputTokens: maxTokens,
+          beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs,
+          usage: usageOf(tokens, maxTokens, tokens),
+          recordLatency: true,
+          clock,
+          digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+        });
       }
 
       // vLLM MooncakeConnector flow (vllm examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py,
@@ -824,13 +895,20 @@ export async function startEngine(options) {
           }
           const h = registry.handles.get(`mc/${source.id}/${kv.transfer_id}`);
           let kvDigest = found.digest;
-          if (!h || h.state !== 'held') {
+          if (h?.state !== 'held') {
             stats.staleHandleReads++;
             kvDigest = promptDigest(`stale:${kv.transfer_id}`);
           } else h.free('read');
           if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
           const t = await pullBlocks(hashes, tokens, source.id, clock, rec);
-          return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))) });
+          return await generate(res, ctx, {
+            outputTokens: maxTokens,
+            beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs,
+            usage: usageOf(tokens, maxTokens, tokens),
+            recordLatency: true,
+            clock,
+            digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+          });
         }
         // "Got invalid KVTransferParams ... will not utilize KVTransfer": D prefills by itself
         violation(`mooncake decode leg without ${missing.join(', ')}`);
@@ -841,7 +919,8 @@ export async function startEngine(options) {
         if (body.stream === true) violation('vllm prefill leg has stream:true');
         if (body.max_tokens !== undefined && body.max_tokens !== 1) violation(`vllm prefill leg has max_tokens:${JSON.stringify(body.max_tokens)}`);
         if (body.max_tokens === undefined && body.max_completion_tokens === undefined) violation('vllm prefill leg has no max_tokens:1');
-        if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== 1) violation(`vllm prefill leg has max_completion_tokens:${JSON.stringify(body.max_completion_tokens)}`);
+        if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== 1)
+          violation(`vllm prefill leg has max_completion_tokens:${JSON.stringify(body.max_completion_tokens)}`);
         for (const field of ['stream_options', 'min_tokens', 'min_completion_tokens']) {
           if (body[field] !== undefined) violation(`vllm prefill leg has ${field}`);
         }
@@ -886,7 +965,10 @@ export async function startEngine(options) {
         }
         if (params && ctx.bigKvInt) {
           // an exact integer beyond 2^53, as JSON text (JSON.stringify cannot write one)
-          const text = JSON.stringify(prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), params)).replace('"remote_engine_id":', '"remote_big_id":12345678901234567890,"remote_engine_id":');
+          const text = JSON.stringify(prefillAnswer(ctx, prompts, usageOf(tokens, 1, p.cachedTokens), params)).replace(
+            '"remote_engine_id":',
+            '"remote_big_id":12345678901234567890,"remote_engine_id":',
+          );
           res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
           return res.end(text);
         }
@@ -912,7 +994,7 @@ export async function startEngine(options) {
         const h = registry.handles.get(`${source}/${kv.remote_request_id}`);
         /** @type {string[]} */
         const digests = [];
-        if (!h || h.state !== 'held') {
+        if (h?.state !== 'held') {
           stats.staleHandleReads += prompts.length;
           for (let i = 0; i < prompts.length; i++) digests.push(promptDigest(`stale:${source}/${kv.remote_request_id}/${i}`));
         } else {
@@ -938,7 +1020,14 @@ export async function startEngine(options) {
       if (role === 'decode') stats.selfPrefills++;
       rec.leg = kv === undefined ? 'colocated' : 'vllmDecode';
       const p = await prefillLocal(hashes, tokens, clock, rec);
-      return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: p.queueMs + p.prefillMs, usage: usageOf(tokens, maxTokens, p.cachedTokens), recordLatency: true, clock, digests: prompts.map(promptDigest) });
+      return await generate(res, ctx, {
+        outputTokens: maxTokens,
+        beforeFirstMs: p.queueMs + p.prefillMs,
+        usage: usageOf(tokens, maxTokens, p.cachedTokens),
+        recordLatency: true,
+        clock,
+        digests: prompts.map(promptDigest),
+      });
     } catch (error) {
       stats.errors++;
       if (!res.headersSent) sendError(res, 500, `simulated engine failed: ${error instanceof Error ? error.message : String(error)}`, 'server_error');
@@ -958,11 +1047,21 @@ export async function startEngine(options) {
     }
     // /v1/responses, /v1/embeddings, /tokenize, /detokenize, SGLang's /generate: sim/endpoints.mjs
     if (req.method === 'POST' && ['/v1/responses', '/v1/embeddings', '/tokenize', '/detokenize', '/generate'].includes(path)) {
-      const hooks = { engine, options, registry, stats: () => stats, fault: () => fault, inflight: (/** @type {number} */ d) => void (inflight += d), record: (/** @type {RequestLogEntry} */ e) => void (log.push(e) > MAX_LOG && log.shift()) };
-      import('./endpoints.mjs').then((m) => m.handleEndpoint(req, res, path, hooks)).catch((error) => {
-        stats.errors++;
-        if (!res.headersSent) sendError(res, 500, String(error), 'server_error');
-      });
+      const hooks = {
+        engine,
+        options,
+        registry,
+        stats: () => stats,
+        fault: () => fault,
+        inflight: (/** @type {number} */ d) => void (inflight += d),
+        record: (/** @type {RequestLogEntry} */ e) => void (log.push(e) > MAX_LOG && log.shift()),
+      };
+      import('./endpoints.mjs')
+        .then((m) => m.handleEndpoint(req, res, path, hooks))
+        .catch((error) => {
+          stats.errors++;
+          if (!res.headersSent) sendError(res, 500, String(error), 'server_error');
+        });
       return;
     }
     if (req.method === 'GET' && (path === '/health' || path === '/health_generate')) {
@@ -1040,7 +1139,12 @@ export async function startEngine(options) {
     running: true,
     mooncakeEngineId,
     stats: () => ({
-      id, role, ...structuredClone(stats), inflight, cacheBlocksUsed: cache.size, running: engine.running,
+      id,
+      role,
+      ...structuredClone(stats),
+      inflight,
+      cacheBlocksUsed: cache.size,
+      running: engine.running,
       heldHandles: held.size,
       heldBlocks: [...held.values()].reduce((sum, h) => sum + h.blocks, 0),
     }),
@@ -1145,7 +1249,11 @@ async function flood(res, bytes, newline) {
   res.write(head);
   const piece = 'x'.repeat(64 << 10);
   for (let left = bytes - head.length; left > 0 && !res.destroyed; left -= piece.length) {
-    if (!res.write(left >= piece.length ? piece : piece.slice(0, left))) await new Promise((resolve) => { res.once('drain', resolve); res.once('close', resolve); });
+    if (!res.write(left >= piece.length ? piece : piece.slice(0, left)))
+      await new Promise((resolve) => {
+        res.once('drain', resolve);
+        res.once('close', resolve);
+      });
   }
   if (res.destroyed) return;
   res.end(newline ? '"}\n\ndata: [DONE]\n\n' : '');
@@ -1164,7 +1272,13 @@ function sseHeaders(res) {
  * @param {string | number[]} prompt
  */
 export function promptDigest(prompt) {
-  return 'p' + createHash('sha256').update(typeof prompt === 'string' ? prompt : JSON.stringify(prompt)).digest('hex').slice(0, 8);
+  return (
+    'p' +
+    createHash('sha256')
+      .update(typeof prompt === 'string' ? prompt : JSON.stringify(prompt))
+      .digest('hex')
+      .slice(0, 8)
+  );
 }
 
 /**
@@ -1221,4 +1335,3 @@ export function promptOf(body, chat) {
   }
   return undefined;
 }
-

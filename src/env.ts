@@ -1,4 +1,3 @@
-
 /**
  * Bindings, vars and secrets of the Worker. The bindings (NODES, CLUSTER_STATE) come from
  * `wrangler types` (worker-configuration.d.ts, `npm run types`); the optional vars and secrets are

@@ -1,13 +1,6 @@
 import type { ContentfulStatusCode } from "hono/utils/http-status";
 
-export type ErrorType =
-  | "invalid_request_error"
-  | "authentication_error"
-  | "not_found_error"
-  | "rate_limit_error"
-  | "upstream_error"
-  | "service_unavailable"
-  | "server_error";
+export type ErrorType = "invalid_request_error" | "authentication_error" | "not_found_error" | "rate_limit_error" | "upstream_error" | "service_unavailable" | "server_error";
 
 /** The one error type of the router; `app.onError` renders it as the OpenAI envelope. */
 export class RouterError extends Error {
@@ -27,8 +20,7 @@ export class RouterError extends Error {
   counted = false;
 }
 
-export const badRequest = (message: string, param: string | null, code = "invalid_value") =>
-  new RouterError(400, message, "invalid_request_error", code, param);
+export const badRequest = (message: string, param: string | null, code = "invalid_value") => new RouterError(400, message, "invalid_request_error", code, param);
 
 export interface ErrorEnvelope {
   error: { message: string; type: string; param: string | null; code: string };

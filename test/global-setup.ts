@@ -2,7 +2,6 @@ import type { TestProject } from "vitest/node";
 // @ts-expect-error plain JS module of the simulator
 import { startSimCluster } from "../sim/cluster.mjs";
 
-
 // Real engines on 127.0.0.1 for the Worker suite: the Worker in workerd reaches them over
 // HTTP, and tests steer them (faults, stop/start, request logs) through the control server.
 export default async function setup(project: TestProject) {

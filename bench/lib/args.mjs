@@ -45,7 +45,10 @@ export function stringOption(options, name, fallback) {
 export function listOption(options, name = 'policy', allowed = ALL_POLICIES, fallback = allowed) {
   const v = stringOption(options, name);
   if (v === undefined) return fallback;
-  const list = v.split(',').map((s) => s.trim()).filter(Boolean);
+  const list = v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   for (const item of list) if (!allowed.includes(item)) throw new Error(`--${name}: unknown ${item} (one of ${allowed.join(', ')})`);
   return list;
 }

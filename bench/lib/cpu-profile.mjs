@@ -33,7 +33,11 @@ export function topSelfTime(profile, top = 15, sourceOf = (/** @type {string} */
     const name = f.functionName || '(anonymous)';
     // native frames (fetch, RPC stubs, stream internals) have no file: name their JS caller
     const caller = f.url ? undefined : nearestScriptCaller(node);
-    const where = f.url ? sourceOf(f.url, f.lineNumber) : caller ? `from ${caller.callFrame.functionName || '(anonymous)'} in ${sourceOf(caller.callFrame.url, caller.callFrame.lineNumber)}` : '';
+    const where = f.url
+      ? sourceOf(f.url, f.lineNumber)
+      : caller
+        ? `from ${caller.callFrame.functionName || '(anonymous)'} in ${sourceOf(caller.callFrame.url, caller.callFrame.lineNumber)}`
+        : '';
     const key = `${name}\u0000${where}`;
     const e = acc.get(key) ?? { name, where, selfUs: 0, samples: 0 };
     e.selfUs += us;
@@ -49,7 +53,13 @@ export function topSelfTime(profile, top = 15, sourceOf = (/** @type {string} */
   const entries = [...acc.values()]
     .sort((a, b) => b.selfUs - a.selfUs)
     .slice(0, top)
-    .map((e) => ({ name: e.name, where: e.where, selfMs: Math.round(e.selfUs / 10) / 100, selfShare: sampledUs ? Math.round((e.selfUs / sampledUs) * 1000) / 1000 : 0, samples: e.samples }));
+    .map((e) => ({
+      name: e.name,
+      where: e.where,
+      selfMs: Math.round(e.selfUs / 10) / 100,
+      selfShare: sampledUs ? Math.round((e.selfUs / sampledUs) * 1000) / 1000 : 0,
+      samples: e.samples,
+    }));
   return { totalMs: Math.round((profile.endTime - profile.startTime) / 1000), sampledMs: Math.round(sampledUs / 1000), entries };
 }
 

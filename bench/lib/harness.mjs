@@ -44,7 +44,10 @@ let snapshotInfo;
 function gitState() {
   try {
     const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: REPO_ROOT, encoding: 'utf8' }).trim();
-    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src', 'wrangler.toml'], { cwd: REPO_ROOT, encoding: 'utf8' }).split('\n').filter(Boolean).map((l) => l.slice(3));
+    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src', 'wrangler.toml'], { cwd: REPO_ROOT, encoding: 'utf8' })
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => l.slice(3));
     return { head, uncommittedSrc: dirty };
   } catch {
     return {};
@@ -68,7 +71,10 @@ export function workerSnapshot() {
   // others may be half-way through editing
   const commit = process.env.BENCH_SRC && process.env.BENCH_SRC !== 'worktree' ? process.env.BENCH_SRC : undefined;
   if (commit) {
-    const archive = execFileSync('git', ['archive', '--format=tar', commit, 'src', 'sim', 'wrangler.toml', 'package.json', 'tsconfig.json'], { cwd: REPO_ROOT, maxBuffer: 256 * 1024 * 1024 });
+    const archive = execFileSync('git', ['archive', '--format=tar', commit, 'src', 'sim', 'wrangler.toml', 'package.json', 'tsconfig.json'], {
+      cwd: REPO_ROOT,
+      maxBuffer: 256 * 1024 * 1024,
+    });
     execFileSync('tar', ['-x', '-C', dir], { input: archive });
   }
   // bench/do-capacity-worker imports ../../src: it is built against the same copy
@@ -78,7 +84,10 @@ export function workerSnapshot() {
   }
   symlinkSync(path.join(REPO_ROOT, 'node_modules'), path.join(dir, 'node_modules'), 'dir');
   snapshotDir = dir;
-  snapshotInfo = { takenAt: new Date().toISOString(), ...(commit ? { commit: execFileSync('git', ['rev-parse', '--short', commit], { cwd: REPO_ROOT, encoding: 'utf8' }).trim() } : gitState()) };
+  snapshotInfo = {
+    takenAt: new Date().toISOString(),
+    ...(commit ? { commit: execFileSync('git', ['rev-parse', '--short', commit], { cwd: REPO_ROOT, encoding: 'utf8' }).trim() } : gitState()),
+  };
   process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
   return dir;
 }
@@ -148,7 +157,16 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
     if (withRouter) {
       const document = clusterDocument?.(cluster.engines) ?? defaultDocument(cluster.engines);
       const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
-      router = await startRouter({ runtime, cwd: workerSnapshot(), port: await freePort(), inspectorPort: await freePort(), persistDir, clusterDocument: document, vars, onOutput: routerLog() });
+      router = await startRouter({
+        runtime,
+        cwd: workerSnapshot(),
+        port: await freePort(),
+        inspectorPort: await freePort(),
+        persistDir,
+        clusterDocument: document,
+        vars,
+        onOutput: routerLog(),
+      });
     }
   } catch (error) {
     await close();

@@ -52,7 +52,9 @@ export function barChartSvg({ title, series, figures }) {
     figure.values.forEach((v, i) => {
       const h = Number.isFinite(v) ? Math.max(0, (v / maxV) * (panelH - 20)) : 0;
       const x = x0 + 20 + i * (barW + 6);
-      out.push(`<rect x="${x.toFixed(1)}" y="${(base - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" fill="${COLORS[i % COLORS.length]}"><title>${esc(series[i])}: ${esc(label(v))}</title></rect>`);
+      out.push(
+        `<rect x="${x.toFixed(1)}" y="${(base - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" fill="${COLORS[i % COLORS.length]}"><title>${esc(series[i])}: ${esc(label(v))}</title></rect>`,
+      );
       out.push(`<text x="${(x + barW / 2).toFixed(1)}" y="${(base - h - 4).toFixed(1)}" text-anchor="middle" font-size="10">${esc(label(v))}</text>`);
     });
     if (figure.reference) {

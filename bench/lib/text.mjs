@@ -1,7 +1,9 @@
 // Deterministic filler text: a seeded PRNG over a small word list (same seed, same text).
 
-const WORDS = ('alpha bravo cedar delta ember fjord gamma harbor iris juniper kelp lumen maple nectar opal prism quartz raven sierra tundra umber velvet willow xenon yarrow zephyr ' +
-  'anchor beacon canyon dune echo falcon glacier hollow island jade kettle lagoon meadow north orbit pine quill river stone timber').split(' ');
+const WORDS = (
+  'alpha bravo cedar delta ember fjord gamma harbor iris juniper kelp lumen maple nectar opal prism quartz raven sierra tundra umber velvet willow xenon yarrow zephyr ' +
+  'anchor beacon canyon dune echo falcon glacier hollow island jade kettle lagoon meadow north orbit pine quill river stone timber'
+).split(' ');
 
 /** @param {number} seed 32-bit */
 export function mulberry32(seed) {

@@ -55,7 +55,12 @@ export async function startWorkerd(o) {
   child.stdout.on('data', collect);
   child.stderr.on('data', collect);
   let exited = false;
-  const exit = new Promise((resolve) => child.once('exit', () => { exited = true; resolve(undefined); }));
+  const exit = new Promise((resolve) =>
+    child.once('exit', () => {
+      exited = true;
+      resolve(undefined);
+    }),
+  );
   const kill = (/** @type {NodeJS.Signals} */ signal) => {
     try {
       process.kill(-pid, signal);

@@ -16,12 +16,9 @@
 //
 // `npm run bench -- abandoned [--requests 20] [--prompt-tokens 8192] [--tail-ms 5000]
 //   [--hold-ms 480000] [--json bench/results/abandoned.json]`.
-import { writeFileSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { numberOption, parseArgs, stringOption } from '../lib/args.mjs';
-import { startStack, workerSource } from '../lib/harness.mjs';
-import { markdownTable, writeReport } from '../lib/report.mjs';
+import { numberOption } from '../lib/args.mjs';
+import { startStack } from '../lib/harness.mjs';
+import { markdownTable } from '../lib/report.mjs';
 import { seededText } from '../lib/text.mjs';
 
 const sleep = (/** @type {number} */ ms) => new Promise((r) => setTimeout(r, ms));
@@ -72,12 +69,22 @@ export async function runAbandoned(options) {
       const today = fetch(`${engine('p-today').url}/v1/chat/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'x-request-id': `today-${i}` },
-        body: JSON.stringify({ ...body, stream: false, max_tokens: 1, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null } }),
+        body: JSON.stringify({
+          ...body,
+          stream: false,
+          max_tokens: 1,
+          kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null },
+        }),
       }).then((r) => r.text());
       // now: the router; whichever D gets the request sits on it without admitting it
       const dBefore = engine('d0').stats().requests.total + engine('d1').stats().requests.total;
       const controller = new AbortController();
-      const now = fetch(`${stack.router.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: controller.signal }).then(
+      const now = fetch(`${stack.router.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      }).then(
         (r) => r.text(),
         () => 'aborted',
       );
@@ -116,11 +123,27 @@ export async function runAbandoned(options) {
     expiredHandles: stats[k].expiredHandles,
     msToZeroAfterLastClientLeft: zeroAfter(k),
   }));
-  const report = { scenario: 'abandoned', config: { requests, promptTokens, tailMs, sampleMs, holdMs, dDelayMs, firstByteMs }, nowClientsAborted: nowAborted, releaseRequests: releases, results, samples };
+  const report = {
+    scenario: 'abandoned',
+    config: { requests, promptTokens, tailMs, sampleMs, holdMs, dDelayMs, firstByteMs },
+    nowClientsAborted: nowAborted,
+    releaseRequests: releases,
+    results,
+    samples,
+  };
   const table = [
     markdownTable(
       ['', 'abandoned requests', 'peak held blocks', 'held blocks at end', 'handles held at end', 'released', 'expired', 'ms to 0 after the last client left'],
-      results.map((r) => [r.policy, r.abandonedRequests, r.peakHeldBlocks, r.heldBlocksAtEnd, r.heldHandlesAtEnd, r.releasedHandles, r.expiredHandles, r.msToZeroAfterLastClientLeft ?? `not within ${tailMs} ms (held until ${holdMs / 1000} s)`]),
+      results.map((r) => [
+        r.policy,
+        r.abandonedRequests,
+        r.peakHeldBlocks,
+        r.heldBlocksAtEnd,
+        r.heldHandlesAtEnd,
+        r.releasedHandles,
+        r.expiredHandles,
+        r.msToZeroAfterLastClientLeft ?? `not within ${tailMs} ms (held until ${holdMs / 1000} s)`,
+      ]),
     ),
     '',
     `Held blocks over time (every ${Math.max(sampleMs, 1000)} ms):`,

@@ -24,12 +24,14 @@ export const OPS = ['noop', 'route_finish', 'request'];
  */
 function getJson(url, agent) {
   return new Promise((resolve, reject) => {
-    http.get(url, { agent }, (res) => {
-      let raw = '';
-      res.setEncoding('utf8');
-      res.on('data', (d) => (raw += d));
-      res.on('end', () => (res.statusCode === 200 ? resolve(JSON.parse(raw)) : reject(new Error(`${res.statusCode}: ${raw.slice(0, 300)}`))));
-    }).on('error', reject);
+    http
+      .get(url, { agent }, (res) => {
+        let raw = '';
+        res.setEncoding('utf8');
+        res.on('data', (d) => (raw += d));
+        res.on('end', () => (res.statusCode === 200 ? resolve(JSON.parse(raw)) : reject(new Error(`${res.statusCode}: ${raw.slice(0, 300)}`))));
+      })
+      .on('error', reject);
   });
 }
 
@@ -55,7 +57,9 @@ export function capacityFigures(s) {
 
 /** @param {Record<string, string | true>} options */
 export async function runDoCapacity(options) {
-  const nodeCounts = String(options.nodes ?? '8,64,512').split(',').map(Number);
+  const nodeCounts = String(options.nodes ?? '8,64,512')
+    .split(',')
+    .map(Number);
   const policies = listOption(options, 'policy', ALL_POLICIES, ['round_robin', 'least_load', 'cache_aware']);
   const ops = listOption(options, 'ops', OPS, ['noop', 'route_finish']);
   const seconds = numberOption(options, 'seconds', 5);
@@ -64,7 +68,13 @@ export async function runDoCapacity(options) {
   const parallel = numberOption(options, 'parallel', 16);
   const snapshot = workerSnapshot();
   const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-capacity-'));
-  const worker = await startWorkerd({ cwd: snapshot, entry: path.join(snapshot, 'bench', 'do-capacity-worker', 'index.ts'), port: await freePort(), persistDir, clusterDocument: { nodes: [] } });
+  const worker = await startWorkerd({
+    cwd: snapshot,
+    entry: path.join(snapshot, 'bench', 'do-capacity-worker', 'index.ts'),
+    port: await freePort(),
+    persistDir,
+    clusterDocument: { nodes: [] },
+  });
   const stop = async () => {
     await worker.stop();
     rmSync(persistDir, { recursive: true, force: true });
@@ -94,7 +104,9 @@ export async function runDoCapacity(options) {
       s.wallMs = performance.now() - started;
       s.cpuMs = cpu.stop();
       const row = { op, policy: op === 'noop' ? '-' : policy, nodes: op === 'noop' ? '-' : nodes, ...capacityFigures(s) };
-      process.stderr.write(`do-capacity ${op} ${row.policy} ${row.nodes} nodes: ${row.requestsPerS} requests/s, ${row.cpuUsPerRequest} us CPU a request (${row.cpuShare} of a core)\n`);
+      process.stderr.write(
+        `do-capacity ${op} ${row.policy} ${row.nodes} nodes: ${row.requestsPerS} requests/s, ${row.cpuUsPerRequest} us CPU a request (${row.cpuShare} of a core)\n`,
+      );
       return row;
     };
     if (ops.includes('noop')) results.push(await point('noop', 'round_robin', 8));
@@ -114,8 +126,30 @@ export async function runDoCapacity(options) {
     if (noop && r !== noop) Object.assign(r, { cpuUsPerRequestOverNoop: round(r.cpuUsPerRequest - noop.cpuUsPerCall * r.callsPerRequest, 1) });
   }
   const table = markdownTable(
-    ['op', 'policy', 'nodes', 'requests/s', 'calls/s', 'calls a request', 'CPU us a request (over bare calls)', 'CPU us a call', 'workerd CPU share', 'request ms p50 / p99 (Worker side)'],
-    results.map((r) => [r.op, r.policy, r.nodes, r.requestsPerS, r.callsPerS, r.callsPerRequest, r.op === 'noop' ? formatNumber(r.cpuUsPerRequest) : `${formatNumber(r.cpuUsPerRequest)} (${formatNumber(/** @type {any} */ (r).cpuUsPerRequestOverNoop)})`, r.cpuUsPerCall, r.cpuShare, `${formatNumber(r.requestMsP50)} / ${formatNumber(r.requestMsP99)}`]),
+    [
+      'op',
+      'policy',
+      'nodes',
+      'requests/s',
+      'calls/s',
+      'calls a request',
+      'CPU us a request (over bare calls)',
+      'CPU us a call',
+      'workerd CPU share',
+      'request ms p50 / p99 (Worker side)',
+    ],
+    results.map((r) => [
+      r.op,
+      r.policy,
+      r.nodes,
+      r.requestsPerS,
+      r.callsPerS,
+      r.callsPerRequest,
+      r.op === 'noop' ? formatNumber(r.cpuUsPerRequest) : `${formatNumber(r.cpuUsPerRequest)} (${formatNumber(/** @type {any} */ (r).cpuUsPerRequestOverNoop)})`,
+      r.cpuUsPerCall,
+      r.cpuShare,
+      `${formatNumber(r.requestMsP50)} / ${formatNumber(r.requestMsP99)}`,
+    ]),
   );
   return {
     report: { scenario: 'do-capacity', config: { nodeCounts, policies, ops, seconds, clients, batch, parallel }, results },
@@ -123,7 +157,13 @@ export async function runDoCapacity(options) {
     chart: {
       title: 'do-capacity: routed requests/s one ClusterState object sustains (Worker and object on one workerd thread)',
       series: results.filter((r) => r.op !== 'noop').map((r) => `${r.op} ${r.policy} ${r.nodes}`),
-      figures: [{ name: 'requests/s', values: results.filter((r) => r.op !== 'noop').map((r) => r.requestsPerS), ...(noop ? { reference: { value: noop.requestsPerS, label: 'bare RPC calls/s' } } : {}) }],
+      figures: [
+        {
+          name: 'requests/s',
+          values: results.filter((r) => r.op !== 'noop').map((r) => r.requestsPerS),
+          ...(noop ? { reference: { value: noop.requestsPerS, label: 'bare RPC calls/s' } } : {}),
+        },
+      ],
     },
   };
 }

@@ -1,6 +1,6 @@
 // `groups`: two groups (racks) of 2P+2D under affinity, with pdGroup off / prefer / strict: how
 // often does the KV cross groups, and how evenly are the decode nodes loaded?
-import { listOption, numberOption } from '../lib/args.mjs';
+import { listOption } from '../lib/args.mjs';
 import { policyFor, startStack } from '../lib/harness.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { maxOverMean, percentile, round } from '../lib/stats.mjs';
@@ -13,8 +13,15 @@ export async function runGroups(options) {
   const modes = listOption(options, 'policy', MODES);
   // multiturn's workload, smaller by default: what matters here is where the legs go
   const cfg = multiturnConfig({
-    conversations: '48', turns: '3', 'first-turn-tokens': '2048', 'turn-tokens': '512', 'output-tokens': '64', concurrency: '16', 'time-scale': '1',
-    ...options, policy: 'affinity',
+    conversations: '48',
+    turns: '3',
+    'first-turn-tokens': '2048',
+    'turn-tokens': '512',
+    'output-tokens': '64',
+    concurrency: '16',
+    'time-scale': '1',
+    ...options,
+    policy: 'affinity',
   });
   const engines = ['a', 'b'].flatMap((g) => [
     { id: `p${g}0`, role: /** @type {const} */ ('prefill'), group: g },
@@ -62,12 +69,19 @@ export async function runGroups(options) {
         dMaxOverMean: round(maxOverMean(dCounts), 3),
         dRequests: Object.fromEntries(ds.map((e) => [e.id, e.requests.vllmDecode])),
         pRequests: Object.fromEntries(ps.map((e) => [e.id, e.requests.vllmPrefill])),
-        pHitRatio: round(ps.reduce((a, e) => a + e.cachedTokens, 0) / Math.max(1, ps.reduce((a, e) => a + e.promptTokens, 0)), 4),
+        pHitRatio: round(
+          ps.reduce((a, e) => a + e.cachedTokens, 0) /
+            Math.max(
+              1,
+              ps.reduce((a, e) => a + e.promptTokens, 0),
+            ),
+          4,
+        ),
         ttftP99Ms: round(percentile(ttft, 99), 1),
         itlP99Ms: round(percentile(itl, 99), 1),
         errors: turns.filter((t) => t.status !== 200 || t.error).length,
         errorSamples: [...new Set(turns.filter((t) => t.error).map((t) => `${t.status} ${t.error}`))].slice(0, 5),
-        devProxyRetries: turns.reduce((a, t) => a + (/** @type {any} */ (t).retries ?? 0), 0),
+        devProxyRetries: turns.reduce((a, t) => a + /** @type {any} */ (t.retries ?? 0), 0),
         wallS: round(wallS, 1),
       });
       process.stderr.write(`groups ${mode}: ${round(wallS, 1)} s\n`);
@@ -79,7 +93,19 @@ export async function runGroups(options) {
     report: { scenario: 'groups', config: { ...cfg, policies: undefined, modes, policy: 'affinity' }, results },
     table: markdownTable(
       ['pdGroup', 'cross-group share', 'cross-group legs', 'D max/mean', 'D requests', 'P requests', 'P hit ratio', 'TTFT p99 ms', 'ITL p99 ms', 'errors (retried)', 'wall s'],
-      results.map((r) => [r.policy, r.crossGroupShare, `${r.crossGroupLegs}/${r.decodeLegs}`, r.dMaxOverMean, Object.values(r.dRequests).join('/'), Object.values(r.pRequests).join('/'), r.pHitRatio, r.ttftP99Ms, r.itlP99Ms, `${r.errors} (${r.devProxyRetries})`, r.wallS]),
+      results.map((r) => [
+        r.policy,
+        r.crossGroupShare,
+        `${r.crossGroupLegs}/${r.decodeLegs}`,
+        r.dMaxOverMean,
+        Object.values(r.dRequests).join('/'),
+        Object.values(r.pRequests).join('/'),
+        r.pHitRatio,
+        r.ttftP99Ms,
+        r.itlP99Ms,
+        `${r.errors} (${r.devProxyRetries})`,
+        r.wallS,
+      ]),
     ),
     chart: {
       title: 'groups: 2 x (2P+2D), affinity, by pdGroup mode',

@@ -7,12 +7,9 @@
 // Engines only (no router): the figures are the engines' simulated TTFT (queue + prefill +
 // transfer + first decode step), the same figures `multiturn` reports.
 //
-// `node bench/scenarios/handle-retry.mjs [--sizes 2048,8192,32768] [--json bench/results/handle-retry.json]`
-import { writeFileSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { parseArgs, stringOption } from '../lib/args.mjs';
-import { markdownTable, writeReport } from '../lib/report.mjs';
+// `npm run bench -- handle-retry [--sizes 2048,8192,32768] [--json bench/results/handle-retry.json]`
+import { stringOption } from '../lib/args.mjs';
+import { markdownTable } from '../lib/report.mjs';
 import { seededText } from '../lib/text.mjs';
 import { startSimCluster } from '../../sim/cluster.mjs';
 
@@ -27,11 +24,19 @@ async function post(url, body, id) {
 
 /** @param {Record<string, string | true>} options */
 export async function runHandleRetry(options) {
-  const sizes = String(stringOption(options, 'sizes') ?? '2048,8192,32768').split(',').map(Number);
+  const sizes = String(stringOption(options, 'sizes') ?? '2048,8192,32768')
+    .split(',')
+    .map(Number);
   // timeScale 0: nothing sleeps, the engines still account simulated ms
   const cluster = await startSimCluster({
     defaults: { timeScale: 0 },
-    engines: [{ id: 'p0', role: 'prefill' }, ...sizes.flatMap((_, i) => [{ id: `d-rerun-${i}`, role: /** @type {const} */ ('decode') }, { id: `d-plain-${i}`, role: /** @type {const} */ ('decode') }])],
+    engines: [
+      { id: 'p0', role: 'prefill' },
+      ...sizes.flatMap((_, i) => [
+        { id: `d-rerun-${i}`, role: /** @type {const} */ ('decode') },
+        { id: `d-plain-${i}`, role: /** @type {const} */ ('decode') },
+      ]),
+    ],
   });
   const engine = (/** @type {string} */ id) => /** @type {any} */ (cluster.engines.get(id));
   const results = [];

@@ -166,9 +166,16 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale })
   return {
     requests: turns.length,
     errors: turns.filter((t) => t.status !== 200 || t.error).length,
-    devProxyRetries: turns.reduce((a, t) => a + (/** @type {any} */ (t).retries ?? 0), 0),
+    devProxyRetries: turns.reduce((a, t) => a + /** @type {any} */ (t.retries ?? 0), 0),
     errorSamples: [...new Set(turns.filter((t) => t.error).map((t) => `${t.status} ${t.error}`))].slice(0, 5),
-    pHitRatio: round(sum(ps, (e) => e.cachedTokens) / Math.max(1, sum(ps, (e) => e.promptTokens)), 4),
+    pHitRatio: round(
+      sum(ps, (e) => e.cachedTokens) /
+        Math.max(
+          1,
+          sum(ps, (e) => e.promptTokens),
+        ),
+      4,
+    ),
     pLocalityMissBlocks: sum(ps, (e) => e.localityMissBlocks),
     dLocalityMissBlocks: sum(ds, (e) => e.localityMissBlocks),
     turnsAfterFirst: afterFirst,
@@ -212,7 +219,12 @@ export function multiturnTargets(results) {
       met: aff.turnsWithLocalityMissAfterFirst <= Math.max(1, 0.05 * rr.turnsWithLocalityMissAfterFirst),
     },
     // a first turn's pull is a full pull under any policy; a RE-pull is one after the first turn
-    { target: 'D full re-pulls (after the first turn) at least halved', roundRobin: rr.dFullRepullsAfterFirst, affinity: aff.dFullRepullsAfterFirst, met: aff.dFullRepullsAfterFirst * 2 <= rr.dFullRepullsAfterFirst },
+    {
+      target: 'D full re-pulls (after the first turn) at least halved',
+      roundRobin: rr.dFullRepullsAfterFirst,
+      affinity: aff.dFullRepullsAfterFirst,
+      met: aff.dFullRepullsAfterFirst * 2 <= rr.dFullRepullsAfterFirst,
+    },
     { target: 'ITL p99 clearly lower (<= 0.9x)', roundRobin: rr.itlP99Ms, affinity: aff.itlP99Ms, met: aff.itlP99Ms <= 0.9 * rr.itlP99Ms },
   ];
 }
@@ -220,13 +232,33 @@ export function multiturnTargets(results) {
 /** @param {{ target: string, roundRobin: number, affinity: number, met: boolean }[]} targets */
 export function targetsTable(targets) {
   if (targets.length === 0) return '';
-  return markdownTable(['target (affinity vs round_robin)', 'round_robin', 'affinity', 'met'], targets.map((t) => [t.target, t.roundRobin, t.affinity, t.met ? 'yes' : 'NO']));
+  return markdownTable(
+    ['target (affinity vs round_robin)', 'round_robin', 'affinity', 'met'],
+    targets.map((t) => [t.target, t.roundRobin, t.affinity, t.met ? 'yes' : 'NO']),
+  );
 }
 
 /** @param {Record<string, any>[]} results */
 function multiturnTable(results) {
   return markdownTable(
-    ['policy', 'P hit ratio', 'P loc-miss blocks', 'D loc-miss blocks', 'turns>1 w/ loc miss (P/D)', 'D full pulls all (turns>1)', 'D suffix pulls', 'TTFT p50/p99 ms', 'TPOT p50/p99 ms', 'ITL p50/p99 ms', 'steps slowed by transfer', 'out tok/s (sim)', 'P reqs', 'D reqs', 'errors (retried)', 'wall s'],
+    [
+      'policy',
+      'P hit ratio',
+      'P loc-miss blocks',
+      'D loc-miss blocks',
+      'turns>1 w/ loc miss (P/D)',
+      'D full pulls all (turns>1)',
+      'D suffix pulls',
+      'TTFT p50/p99 ms',
+      'TPOT p50/p99 ms',
+      'ITL p50/p99 ms',
+      'steps slowed by transfer',
+      'out tok/s (sim)',
+      'P reqs',
+      'D reqs',
+      'errors (retried)',
+      'wall s',
+    ],
     results.map((r) => [
       r.policy,
       r.pHitRatio,

@@ -50,11 +50,15 @@ export async function directTwoLegs({ p, d, body, requestId, agent }) {
   const pr = await postJson(`${p}/v1/chat/completions`, vllmPrefillBody(body), { agent, headers: { 'x-request-id': requestId } });
   if (pr.status !== 200) return { ...pr, ttfbMs: NaN };
   let firstByteAt = NaN;
-  const dr = await postJson(`${d}/v1/chat/completions`, { ...body, kv_transfer_params: pr.json?.kv_transfer_params ?? null }, {
-    agent,
-    headers: { 'x-request-id': requestId },
-    onFirstByte: () => (firstByteAt = performance.now()),
-  });
+  const dr = await postJson(
+    `${d}/v1/chat/completions`,
+    { ...body, kv_transfer_params: pr.json?.kv_transfer_params ?? null },
+    {
+      agent,
+      headers: { 'x-request-id': requestId },
+      onFirstByte: () => (firstByteAt = performance.now()),
+    },
+  );
   return { ...dr, ttfbMs: firstByteAt - started, totalMs: performance.now() - started };
 }
 
@@ -77,14 +81,23 @@ const BASELINE_ENTRY = path.join(REPO_ROOT, 'bench', 'baseline-worker', 'index.j
 export async function startProxy(target, engines, vars = {}) {
   const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-proxy-'));
   const list = [...engines.values()];
-  const urls = (/** @type {string} */ role) => list.filter((e) => e.role === role).map((e) => e.url).join(',');
+  const urls = (/** @type {string} */ role) =>
+    list
+      .filter((e) => e.role === role)
+      .map((e) => e.url)
+      .join(',');
   const common = { cwd: workerSnapshot(), port: await freePort(), persistDir, onOutput: routerLog() };
   /** @type {Awaited<ReturnType<typeof startWorkerd>>} */
   let proc;
   try {
-    proc = target === 'baseline'
-      ? await startWorkerd({ ...common, entry: BASELINE_ENTRY, bare: true, vars: { P_URLS: urls('prefill'), D_URLS: urls('decode') } })
-      : await startWorkerd({ ...common, vars, clusterDocument: { protocol: 'vllm', policy: policyFor(target), nodes: list.map((e) => ({ id: e.id, url: e.url, role: e.role })) } });
+    proc =
+      target === 'baseline'
+        ? await startWorkerd({ ...common, entry: BASELINE_ENTRY, bare: true, vars: { P_URLS: urls('prefill'), D_URLS: urls('decode') } })
+        : await startWorkerd({
+            ...common,
+            vars,
+            clusterDocument: { protocol: 'vllm', policy: policyFor(target), nodes: list.map((e) => ({ id: e.id, url: e.url, role: e.role })) },
+          });
   } catch (error) {
     rmSync(persistDir, { recursive: true, force: true });
     throw error;
@@ -152,14 +165,21 @@ export function levelRatios(router, baseline, direct) {
 /** @param {Record<string, string | true>} options */
 export async function runOverhead(options) {
   const policies = listOption(options);
-  const levels = String(options.levels ?? '1,16,64').split(',').map(Number);
+  const levels = String(options.levels ?? '1,16,64')
+    .split(',')
+    .map(Number);
   const perLevel = numberOption(options, 'requests-per-level', 0);
   const promptChars = numberOption(options, 'prompt-chars', 64);
   const outputTokens = numberOption(options, 'output-tokens', 8);
   const rounds = numberOption(options, 'rounds', 3);
   const abortShare = numberOption(options, 'abort-share', 0);
   // --router-vars CONFIG_TTL_MS=600000,...: Worker vars for the router (experiments)
-  const routerVars = Object.fromEntries(String(options['router-vars'] ?? '').split(',').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+  const routerVars = Object.fromEntries(
+    String(options['router-vars'] ?? '')
+      .split(',')
+      .filter(Boolean)
+      .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]),
+  );
   /** @type {any[]} */
   const results = [];
   /** @type {Map<number, { direct: PathSamples, baseline: PathSamples }>} pooled over the policies' runs */
@@ -255,10 +275,13 @@ export async function runOverhead(options) {
     }
   }
 
-  const decision = options['no-decision'] || options['memory-only'] ? undefined : await measureDecisionCost({
-    promptChars: numberOption(options, 'decision-prompt-chars', 120000),
-    requests: numberOption(options, 'decision-requests', 200),
-  });
+  const decision =
+    options['no-decision'] || options['memory-only']
+      ? undefined
+      : await measureDecisionCost({
+          promptChars: numberOption(options, 'decision-prompt-chars', 120000),
+          requests: numberOption(options, 'decision-requests', 200),
+        });
 
   // memory per open stream and upstream close after the clients left: the baseline and each policy
   const memoryTargets = options['no-memory'] ? [] : ['baseline', ...listOption(options, 'memory-policy', undefined, policies)];
@@ -269,7 +292,13 @@ export async function runOverhead(options) {
   for (const m of memory) {
     if (baseMemory && m.target !== 'baseline') m.kbPerStreamVsBaseline = ratio(m.kbPerStream, baseMemory.kbPerStream);
     const r = results.find((x) => x.policy === m.target);
-    if (r) Object.assign(r, { memoryKbPerStream: m.kbPerStream, memoryVsBaseline: m.kbPerStreamVsBaseline, upstreamClosedAllMs: m.upstreamClosedAllMs, upstreamClosedHalfMs: m.upstreamClosedHalfMs });
+    if (r)
+      Object.assign(r, {
+        memoryKbPerStream: m.kbPerStream,
+        memoryVsBaseline: m.kbPerStreamVsBaseline,
+        upstreamClosedAllMs: m.upstreamClosedAllMs,
+        upstreamClosedHalfMs: m.upstreamClosedHalfMs,
+      });
   }
   const baselineLevels = [...pooled].map(([c, s]) => {
     const direct = pathFigures(s.direct, null);
@@ -312,47 +341,106 @@ export function overheadTables(report) {
   const sections = [];
   const x = (/** @type {number} */ v) => (Number.isFinite(v) ? `${formatNumber(v)}x` : 'n/a');
   if (report.results.length) {
-    sections.push(markdownTable(
-      ['policy', 'conc.', 'added TTFB p50 ms: baseline / router (x)', 'added TTFB p99 ms: baseline / router (x)', 'req/s: direct / baseline / router', 'router req/s vs baseline / direct', 'CPU ms/req: baseline / router (x)', 'failed: baseline / router (of each)'],
-      report.results.flatMap((/** @type {any} */ r) => r.levels.map((/** @type {any} */ l) => [
-        r.policy,
-        l.concurrency,
-        `${formatNumber(l.baseline.addedTtfbP50Ms)} / ${formatNumber(l.router.addedTtfbP50Ms)} (${x(l.ratios.addedTtfbP50VsBaseline)})`,
-        `${formatNumber(l.baseline.addedTtfbP99Ms)} / ${formatNumber(l.router.addedTtfbP99Ms)} (${x(l.ratios.addedTtfbP99VsBaseline)})`,
-        `${formatNumber(l.direct.reqPerS)} / ${formatNumber(l.baseline.reqPerS)} / ${formatNumber(l.router.reqPerS)}`,
-        `${x(l.ratios.reqPerSVsBaseline)} / ${x(l.ratios.reqPerSVsDirect)}`,
-        `${formatNumber(l.baseline.cpuMsPerRequest)} / ${formatNumber(l.router.cpuMsPerRequest)} (${x(l.ratios.cpuVsBaseline)})`,
-        `${l.baseline.failed} / ${l.router.failed} (${l.router.requests})`,
-      ])),
-    ));
-    sections.push(markdownTable(
-      ['TTFB ms (p50 / p99)', 'conc.', 'direct', 'baseline Worker', 'router', 'router vs direct p50 / p99'],
-      report.results.flatMap((/** @type {any} */ r) => r.levels.map((/** @type {any} */ l) => [
-        r.policy, l.concurrency,
-        `${formatNumber(l.direct.ttfbP50Ms)} / ${formatNumber(l.direct.ttfbP99Ms)}`,
-        `${formatNumber(l.baseline.ttfbP50Ms)} / ${formatNumber(l.baseline.ttfbP99Ms)}`,
-        `${formatNumber(l.router.ttfbP50Ms)} / ${formatNumber(l.router.ttfbP99Ms)}`,
-        `${x(l.ratios.ttfbP50VsDirect)} / ${x(l.ratios.ttfbP99VsDirect)}`,
-      ])),
-    ));
-    const failures = report.results.flatMap((/** @type {any} */ r) => r.levels.flatMap((/** @type {any} */ l) =>
-      [['baseline', l.baseline], ['router', l.router], ['direct', l.direct]].flatMap(([who, f]) => f.failures.map((/** @type {any} */ k) => [r.policy, l.concurrency, who, k.kind, k.count]))));
-    sections.push(failures.length
-      ? markdownTable(['failed requests by kind: policy', 'conc.', 'path', 'kind (status and error)', 'count'], failures)
-      : 'failed requests: none (no non-2xx answer, no broken stream, on any path)');
+    sections.push(
+      markdownTable(
+        [
+          'policy',
+          'conc.',
+          'added TTFB p50 ms: baseline / router (x)',
+          'added TTFB p99 ms: baseline / router (x)',
+          'req/s: direct / baseline / router',
+          'router req/s vs baseline / direct',
+          'CPU ms/req: baseline / router (x)',
+          'failed: baseline / router (of each)',
+        ],
+        report.results.flatMap((/** @type {any} */ r) =>
+          r.levels.map((/** @type {any} */ l) => [
+            r.policy,
+            l.concurrency,
+            `${formatNumber(l.baseline.addedTtfbP50Ms)} / ${formatNumber(l.router.addedTtfbP50Ms)} (${x(l.ratios.addedTtfbP50VsBaseline)})`,
+            `${formatNumber(l.baseline.addedTtfbP99Ms)} / ${formatNumber(l.router.addedTtfbP99Ms)} (${x(l.ratios.addedTtfbP99VsBaseline)})`,
+            `${formatNumber(l.direct.reqPerS)} / ${formatNumber(l.baseline.reqPerS)} / ${formatNumber(l.router.reqPerS)}`,
+            `${x(l.ratios.reqPerSVsBaseline)} / ${x(l.ratios.reqPerSVsDirect)}`,
+            `${formatNumber(l.baseline.cpuMsPerRequest)} / ${formatNumber(l.router.cpuMsPerRequest)} (${x(l.ratios.cpuVsBaseline)})`,
+            `${l.baseline.failed} / ${l.router.failed} (${l.router.requests})`,
+          ]),
+        ),
+      ),
+    );
+    sections.push(
+      markdownTable(
+        ['TTFB ms (p50 / p99)', 'conc.', 'direct', 'baseline Worker', 'router', 'router vs direct p50 / p99'],
+        report.results.flatMap((/** @type {any} */ r) =>
+          r.levels.map((/** @type {any} */ l) => [
+            r.policy,
+            l.concurrency,
+            `${formatNumber(l.direct.ttfbP50Ms)} / ${formatNumber(l.direct.ttfbP99Ms)}`,
+            `${formatNumber(l.baseline.ttfbP50Ms)} / ${formatNumber(l.baseline.ttfbP99Ms)}`,
+            `${formatNumber(l.router.ttfbP50Ms)} / ${formatNumber(l.router.ttfbP99Ms)}`,
+            `${x(l.ratios.ttfbP50VsDirect)} / ${x(l.ratios.ttfbP99VsDirect)}`,
+          ]),
+        ),
+      ),
+    );
+    const failures = report.results.flatMap((/** @type {any} */ r) =>
+      r.levels.flatMap((/** @type {any} */ l) =>
+        [
+          ['baseline', l.baseline],
+          ['router', l.router],
+          ['direct', l.direct],
+        ].flatMap(([who, f]) => f.failures.map((/** @type {any} */ k) => [r.policy, l.concurrency, who, k.kind, k.count])),
+      ),
+    );
+    sections.push(
+      failures.length
+        ? markdownTable(['failed requests by kind: policy', 'conc.', 'path', 'kind (status and error)', 'count'], failures)
+        : 'failed requests: none (no non-2xx answer, no broken stream, on any path)',
+    );
   }
   if (report.decision) {
     const d = report.decision;
-    sections.push(markdownTable(
-      [`decision cost, ${d.promptChars}-character prompt (~${Math.round(d.promptChars / 4)} tokens), concurrency 1`, 'TTFB p50 ms', 'TTFB p90 ms', 'added by cache_aware p50 ms', 'target <= 0.5 ms'],
-      d.rows.map((/** @type {any} */ r) => [r.policy, r.ttfbP50Ms, r.ttfbP90Ms, r.policy === 'cache_aware' ? d.addedP50Ms : '', r.policy === 'cache_aware' ? (d.addedP50Ms <= 0.5 ? 'yes' : 'NO') : '']),
-    ));
+    sections.push(
+      markdownTable(
+        [
+          `decision cost, ${d.promptChars}-character prompt (~${Math.round(d.promptChars / 4)} tokens), concurrency 1`,
+          'TTFB p50 ms',
+          'TTFB p90 ms',
+          'added by cache_aware p50 ms',
+          'target <= 0.5 ms',
+        ],
+        d.rows.map((/** @type {any} */ r) => [
+          r.policy,
+          r.ttfbP50Ms,
+          r.ttfbP90Ms,
+          r.policy === 'cache_aware' ? d.addedP50Ms : '',
+          r.policy === 'cache_aware' ? (d.addedP50Ms <= 0.5 ? 'yes' : 'NO') : '',
+        ]),
+      ),
+    );
   }
   if (report.memory.length) {
-    sections.push(markdownTable(
-      ['memory, 1 slow stream each: target', 'streams open (asked)', 'workerd RSS before KB', 'peak KB', 'KB per stream (x baseline)', 'upstream legs closed after the clients left: half / all ms', 'legs still open at the end'],
-      report.memory.map((/** @type {any} */ m) => [m.target, `${m.streamsOpen} (${m.streamsAsked})`, m.rssBeforeKb, m.rssPeakKb, m.target === 'baseline' ? formatNumber(m.kbPerStream) : `${formatNumber(m.kbPerStream)} (${x(m.kbPerStreamVsBaseline)})`, `${formatNumber(m.upstreamClosedHalfMs)} / ${formatNumber(m.upstreamClosedAllMs)}`, m.upstreamStillOpen]),
-    ));
+    sections.push(
+      markdownTable(
+        [
+          'memory, 1 slow stream each: target',
+          'streams open (asked)',
+          'workerd RSS before KB',
+          'peak KB',
+          'KB per stream (x baseline)',
+          'upstream legs closed after the clients left: half / all ms',
+          'legs still open at the end',
+        ],
+        report.memory.map((/** @type {any} */ m) => [
+          m.target,
+          `${m.streamsOpen} (${m.streamsAsked})`,
+          m.rssBeforeKb,
+          m.rssPeakKb,
+          m.target === 'baseline' ? formatNumber(m.kbPerStream) : `${formatNumber(m.kbPerStream)} (${x(m.kbPerStreamVsBaseline)})`,
+          `${formatNumber(m.upstreamClosedHalfMs)} / ${formatNumber(m.upstreamClosedAllMs)}`,
+          m.upstreamStillOpen,
+        ]),
+      ),
+    );
   }
   return sections.join('\n\n');
 }
@@ -365,11 +453,19 @@ function overheadChart(report, levels) {
   return {
     title: 'overhead: added TTFB (ms) and CPU per request, baseline Worker vs router',
     series: ['baseline', ...rs.map((/** @type {any} */ r) => r.policy)],
-    figures: levels.filter((c) => c > 1).flatMap((c) => [
-      { name: `added p50 ms @${c}`, values: [baseAt(c)?.addedTtfbP50Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP50Ms ?? NaN)] },
-      { name: `added p99 ms @${c}`, values: [baseAt(c)?.addedTtfbP99Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP99Ms ?? NaN)] },
-      { name: `CPU ms/req @${c}`, values: [baseAt(c)?.cpuMsPerRequest ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.cpuMsPerRequest ?? NaN)] },
-    ]).concat([{ name: 'KB per stream', values: ['baseline', ...rs.map((/** @type {any} */ r) => r.policy)].map((t) => report.memory.find((/** @type {any} */ m) => m.target === t)?.kbPerStream ?? NaN) }]),
+    figures: levels
+      .filter((c) => c > 1)
+      .flatMap((c) => [
+        { name: `added p50 ms @${c}`, values: [baseAt(c)?.addedTtfbP50Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP50Ms ?? NaN)] },
+        { name: `added p99 ms @${c}`, values: [baseAt(c)?.addedTtfbP99Ms ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.addedTtfbP99Ms ?? NaN)] },
+        { name: `CPU ms/req @${c}`, values: [baseAt(c)?.cpuMsPerRequest ?? NaN, ...rs.map((/** @type {any} */ r) => at(r, c)?.router.cpuMsPerRequest ?? NaN)] },
+      ])
+      .concat([
+        {
+          name: 'KB per stream',
+          values: ['baseline', ...rs.map((/** @type {any} */ r) => r.policy)].map((t) => report.memory.find((/** @type {any} */ m) => m.target === t)?.kbPerStream ?? NaN),
+        },
+      ]),
   };
 }
 
@@ -383,7 +479,10 @@ async function measureDecisionCost({ promptChars, requests }) {
   const rows = [];
   for (const policy of ['round_robin', 'cache_aware']) {
     const stack = await startStack({
-      engines: [{ id: 'c0', role: 'both', timeScale: 0 }, { id: 'c1', role: 'both', timeScale: 0 }],
+      engines: [
+        { id: 'c0', role: 'both', timeScale: 0 },
+        { id: 'c1', role: 'both', timeScale: 0 },
+      ],
       clusterDocument: (engines) => ({ protocol: 'colocated', policy: policyFor(policy), nodes: [...engines.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })) }),
     });
     try {
@@ -395,7 +494,11 @@ async function measureDecisionCost({ promptChars, requests }) {
         const prompt = `conversation ${i} `.padEnd(promptChars, 'lorem ipsum dolor sit amet ');
         let firstByteAt = NaN;
         const started = performance.now();
-        await postJsonRetrying(`${stack.router.url}/v1/completions`, { model: 'sim-model', prompt, max_tokens: 1 }, { agent, onFirstByte: () => (firstByteAt = performance.now()) });
+        await postJsonRetrying(
+          `${stack.router.url}/v1/completions`,
+          { model: 'sim-model', prompt, max_tokens: 1 },
+          { agent, onFirstByte: () => (firstByteAt = performance.now()) },
+        );
         if (i >= warmup) ttfb.push(firstByteAt - started);
       }
       rows.push({ policy, ttfbP50Ms: round(percentile(ttfb, 50), 2), ttfbP90Ms: round(percentile(ttfb, 90), 2) });
@@ -448,7 +551,12 @@ async function measureStreamMemory({ targets, streams, streamSeconds }) {
  */
 async function streamsThrough(proxy, cluster, { streams, streamSeconds, stepMs }) {
   const inflight = async () => Object.values(/** @type {Record<string, any>} */ (await (await fetch(cluster.controlUrl + '/stats')).json())).reduce((a, e) => a + e.inflight, 0);
-  const body = (/** @type {number} */ i, /** @type {number} */ tokens) => ({ model: 'sim-model', messages: [{ role: 'user', content: `stream ${i}` }], stream: true, max_tokens: tokens });
+  const body = (/** @type {number} */ i, /** @type {number} */ tokens) => ({
+    model: 'sim-model',
+    messages: [{ role: 'user', content: `stream ${i}` }],
+    stream: true,
+    max_tokens: tokens,
+  });
   const agent = new http.Agent({ keepAlive: false, maxSockets: streams + 50 });
   const sleep = (/** @type {number} */ ms) => new Promise((r) => setTimeout(r, ms));
   // warm up with a few short streams, then let things settle

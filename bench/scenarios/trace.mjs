@@ -121,7 +121,17 @@ export async function runTrace(options) {
       `ceiling (one infinite cache, blocks seen before / all blocks): ${round(ceiling.ratio, 4)} over ${requests.length} requests, ${ceiling.total} blocks\n\n` +
       markdownTable(
         ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
-        results.map((r) => [r.policy, r.hitRatio, r.ofCeiling, r.maxOverMean, Object.values(r.requestsPerNode).join('/'), r.localityMissBlocks, `${r.errors} (${r.devProxyRetries})`, r.wallS, r.requestsPerS]),
+        results.map((r) => [
+          r.policy,
+          r.hitRatio,
+          r.ofCeiling,
+          r.maxOverMean,
+          Object.values(r.requestsPerNode).join('/'),
+          r.localityMissBlocks,
+          `${r.errors} (${r.devProxyRetries})`,
+          r.wallS,
+          r.requestsPerS,
+        ]),
       ),
     chart: {
       title: `trace: ${label}`,

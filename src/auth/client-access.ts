@@ -9,7 +9,12 @@ import { keyLabel, matchesAny } from "./digest";
 /** The configured client keys: comma-separated, blanks around keys ignored, empty entries dropped. */
 export function apiKeys(env: Env): string[] {
   const raw = secret(env.API_KEYS);
-  return raw ? raw.split(",").map((k) => k.trim()).filter((k) => k !== "") : [];
+  return raw
+    ? raw
+        .split(",")
+        .map((k) => k.trim())
+        .filter((k) => k !== "")
+    : [];
 }
 
 export interface ClientAccessOptions {
@@ -83,9 +88,16 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
   const key = `auth-fail:ip:${ip ?? "unknown"}`;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
   const tooMany = () =>
-    new RouterError(429, "Too many requests with an incorrect API key from this address. Retry after the time given in the retry-after header.", "rate_limit_error", "too_many_failed_auth", null, {
-      "retry-after": String(retryAfter),
-    });
+    new RouterError(
+      429,
+      "Too many requests with an incorrect API key from this address. Retry after the time given in the retry-after header.",
+      "rate_limit_error",
+      "too_many_failed_auth",
+      null,
+      {
+        "retry-after": String(retryAfter),
+      },
+    );
   return {
     refuseIfBlocked(): void {
       const until = blockedUntil.get(key);

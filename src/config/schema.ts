@@ -82,7 +82,7 @@ const HealthSchema = z
     probeTimeoutMs: positiveInt.min(50, "must be at least 50 (ms)").max(60_000, "must be at most 60000 (1 minute)").optional(),
     probePath: z
       .string()
-      .regex(/^\/[A-Za-z0-9._~\/-]{0,255}$/, "must be a path starting with / (no query)")
+      .regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)")
       .optional(),
     downAfter: count.default(2),
     upAfter: count.default(2),

@@ -79,7 +79,11 @@ export function mergeStreams(streams: ReadableStream<Uint8Array>[], n: number, w
               controller.enqueue(encoder.encode(`${out}${event}\n\n`));
               return;
             }
-            const data = event.split("\n").find((l) => l.startsWith("data:"))?.slice(5).trim();
+            const data = event
+              .split("\n")
+              .find((l) => l.startsWith("data:"))
+              ?.slice(5)
+              .trim();
             if (!data || data === "[DONE]") continue;
             try {
               const json = JSON.parse(data) as CompletionObject;

@@ -101,9 +101,7 @@ export function editMembers(text: string, set: Record<string, string>, drop: rea
   const members = topLevelMembers(text);
   // nothing to change (a one-hop body without router-owned fields): the client's bytes as they are
   if (Object.keys(set).length === 0 && !members.some((m) => removed.has(m.key))) return text;
-  const kept = members
-    .filter((m) => !removed.has(m.key))
-    .map((m) => text.slice(m.start, m.end));
+  const kept = members.filter((m) => !removed.has(m.key)).map((m) => text.slice(m.start, m.end));
   for (const [k, v] of Object.entries(set)) kept.push(`${JSON.stringify(k)}:${v}`);
   return `{${kept.join(",")}}`;
 }

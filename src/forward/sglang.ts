@@ -1,7 +1,7 @@
 import type { LegReport } from "../state/types";
 import { withFields } from "./body";
 import { asFailure, decodeAttempt, failOver, sendLeg, type DecodeAnswer, type ForwardContext } from "./pipeline";
-import { Leg, UpstreamFailure, type UpstreamNode } from "./upstream";
+import type { Leg, UpstreamFailure, UpstreamNode } from "./upstream";
 
 // SGLang PD disaggregation: P and D get the same body plus a bootstrap room and are sent at
 // once; D pulls the KV from P's bootstrap server. If either leg fails, the other is aborted.
@@ -28,14 +28,7 @@ export const bootstrapHost = (url: string) => new URL(url).hostname.replace(/^\[
  * Runs P's leg to the end of its answer (headers, then the body, within prefillMs) beside D's:
  * P's body text when it went well, else throws its failure. `onFail` aborts the partner D.
  */
-export function runConcurrentPrefill(
-  ctx: ForwardContext,
-  p: UpstreamNode,
-  body: string,
-  upstreamId: string,
-  signal: AbortSignal,
-  onFail: () => void,
-): Promise<string> {
+export function runConcurrentPrefill(ctx: ForwardContext, p: UpstreamNode, body: string, upstreamId: string, signal: AbortSignal, onFail: () => void): Promise<string> {
   const started = Date.now();
   return sendLeg(ctx, "prefill", p, body, upstreamId, ctx.timeouts.prefillMs, signal)
     .then(async (leg: Leg) => {
@@ -96,7 +89,10 @@ export async function forwardConcurrent(
       decodeAbort.abort("prefill failed");
     });
     const prefillReport: Promise<LegReport | null> = prefill.then(
-      (text) => (bodies.onPrefillAnswer?.(text), null),
+      (text) => {
+        bodies.onPrefillAnswer?.(text);
+        return null;
+      },
       (f: UpstreamFailure) => f.report(),
     );
     try {
@@ -109,7 +105,12 @@ export async function forwardConcurrent(
       prefillAbort.abort("decode failed");
       bodies.onFailure?.();
       // Blame the leg that failed first: P, when D was only aborted because of it.
-      const failure = prefillFailed ? await prefill.then(() => decodeFailure, (f: UpstreamFailure) => (f.kind === "aborted" ? decodeFailure : f)) : decodeFailure;
+      const failure = prefillFailed
+        ? await prefill.then(
+            () => decodeFailure,
+            (f: UpstreamFailure) => (f.kind === "aborted" ? decodeFailure : f),
+          )
+        : decodeFailure;
       await prefillReport;
       await failOver(ctx, failure, attempt);
     }

@@ -36,11 +36,7 @@ export function logRequest(entry: RequestLog): void {
  * failure instead of letting it reject unseen. Without an execution context (app.request in
  * unit tests) the promise still runs.
  */
-export function background(
-  c: { executionCtx: { waitUntil(promise: Promise<unknown>): void } },
-  promise: Promise<unknown>,
-  requestId?: string,
-): void {
+export function background(c: { executionCtx: { waitUntil(promise: Promise<unknown>): void } }, promise: Promise<unknown>, requestId?: string): void {
   const guarded = promise.catch((err) => console.error(JSON.stringify({ event: "state_call_failed", requestId, error: String(err) })));
   try {
     c.executionCtx.waitUntil(guarded);

@@ -34,8 +34,18 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       type: "counter",
       samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.requestsTotal[role] }))),
     },
-    { name: "pd_router_node_failures_total", help: "Requests that failed through the node's fault (connect, timeout, 5xx).", type: "counter", samples: perNode((n) => n.failuresTotal) },
-    { name: "pd_router_node_inflight", help: "Requests in flight on the node (prefill legs running plus decode streams open).", type: "gauge", samples: perNode((n) => n.inflight.prefill + n.inflight.decode) },
+    {
+      name: "pd_router_node_failures_total",
+      help: "Requests that failed through the node's fault (connect, timeout, 5xx).",
+      type: "counter",
+      samples: perNode((n) => n.failuresTotal),
+    },
+    {
+      name: "pd_router_node_inflight",
+      help: "Requests in flight on the node (prefill legs running plus decode streams open).",
+      type: "gauge",
+      samples: perNode((n) => n.inflight.prefill + n.inflight.decode),
+    },
     {
       name: "pd_router_node_inflight_by_role",
       help: "Requests in flight on the node, by role.",
@@ -58,9 +68,24 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       type: "counter",
       samples: snapshot.decisions.map((d) => ({ labels: { role: d.role, rule: d.rule }, value: d.count })),
     },
-    { name: "pd_router_prefix_lookup_blocks_total", help: "Prefix blocks looked up in the cache_aware prefix index.", type: "counter", samples: [{ value: snapshot.prefix.lookedUpBlocks }] },
-    { name: "pd_router_prefix_matched_blocks_total", help: "Prefix blocks the chosen node was estimated to hold already.", type: "counter", samples: [{ value: snapshot.prefix.matchedBlocks }] },
-    { name: "pd_router_prefix_hit_ratio", help: "Estimated prefix-cache hit ratio of routed requests (matched / looked-up blocks).", type: "gauge", samples: [{ value: prefixRatio }] },
+    {
+      name: "pd_router_prefix_lookup_blocks_total",
+      help: "Prefix blocks looked up in the cache_aware prefix index.",
+      type: "counter",
+      samples: [{ value: snapshot.prefix.lookedUpBlocks }],
+    },
+    {
+      name: "pd_router_prefix_matched_blocks_total",
+      help: "Prefix blocks the chosen node was estimated to hold already.",
+      type: "counter",
+      samples: [{ value: snapshot.prefix.matchedBlocks }],
+    },
+    {
+      name: "pd_router_prefix_hit_ratio",
+      help: "Estimated prefix-cache hit ratio of routed requests (matched / looked-up blocks).",
+      type: "gauge",
+      samples: [{ value: prefixRatio }],
+    },
     {
       name: "pd_router_prefix_index_entries",
       help: "Entries in the prefix index, by role.",
@@ -85,14 +110,38 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       type: "counter",
       samples: keys.map((k) => ({ labels: { key: k.key }, value: k.count })),
     },
-    { name: "pd_router_config_valid", help: "1 when the stored cluster document is valid, else 0 (the last valid one keeps serving).", type: "gauge", samples: [{ value: config.valid ? 1 : 0 }] },
-    { name: "pd_router_config_stale", help: "1 when an older valid document serves because the stored one is invalid or missing.", type: "gauge", samples: [{ value: config.stale ? 1 : 0 }] },
+    {
+      name: "pd_router_config_valid",
+      help: "1 when the stored cluster document is valid, else 0 (the last valid one keeps serving).",
+      type: "gauge",
+      samples: [{ value: config.valid ? 1 : 0 }],
+    },
+    {
+      name: "pd_router_config_stale",
+      help: "1 when an older valid document serves because the stored one is invalid or missing.",
+      type: "gauge",
+      samples: [{ value: config.stale ? 1 : 0 }],
+    },
     { name: "pd_router_config_problems", help: "Problems found in the stored cluster document.", type: "gauge", samples: [{ value: config.problems }] },
     { name: "pd_router_config_serving", help: "1 when a valid cluster document is being served.", type: "gauge", samples: [{ value: config.served ? 1 : 0 }] },
   ];
 }
 
-const KNOWN_ROUTES = new Set(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize", "/generate", "/v1/models", "/v1/route", "/healthz", "/metrics", "/status", "/status.json"]);
+const KNOWN_ROUTES = new Set([
+  "/v1/chat/completions",
+  "/v1/completions",
+  "/v1/responses",
+  "/v1/embeddings",
+  "/tokenize",
+  "/detokenize",
+  "/generate",
+  "/v1/models",
+  "/v1/route",
+  "/healthz",
+  "/metrics",
+  "/status",
+  "/status.json",
+]);
 
 /** The `route` label: a known path, `/admin`, or `other` (an unknown path must not mint a new series). */
 export function routeLabel(path: string): string {

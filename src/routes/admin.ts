@@ -4,7 +4,7 @@ import { adminAuth } from "../auth/admin-auth";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
 import { clusterState, invalidateConfig } from "../config/runtime";
-import { parseClusterDocument, type Problem } from "../config/schema";
+import type { Problem } from "../config/schema";
 import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
@@ -38,7 +38,13 @@ const readStored = (env: Env) => env.NODES.get(CONFIG_KEY);
 /** 400 naming every problem: in the message, and as a `problems` list beside the envelope's fields. */
 function invalidDocument(c: Context<AppEnv>, problems: Problem[]): Response {
   const detail = problems.map((p) => `${p.path}: ${p.message}`).join("; ");
-  const err = new RouterError(400, `The cluster document is invalid (nothing was written): ${detail}`, "invalid_request_error", "invalid_cluster_document", problems[0]?.path ?? null);
+  const err = new RouterError(
+    400,
+    `The cluster document is invalid (nothing was written): ${detail}`,
+    "invalid_request_error",
+    "invalid_cluster_document",
+    problems[0]?.path ?? null,
+  );
   return c.json({ error: { ...errorEnvelope(err).error, problems } }, 400);
 }
 
@@ -67,7 +73,12 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
       case "no_document":
         throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
       case "unusable_stored_document":
-        throw new RouterError(409, "The stored cluster document is not a JSON object with a nodes list; replace it with PUT /admin/nodes first.", "invalid_request_error", "stored_document_unusable");
+        throw new RouterError(
+          409,
+          "The stored cluster document is not a JSON object with a nodes list; replace it with PUT /admin/nodes first.",
+          "invalid_request_error",
+          "stored_document_unusable",
+        );
       case "node_not_found":
         throw missingNode(result.id);
     }
@@ -129,7 +140,8 @@ adminRoutes.put("/nodes/:id", async (c) => {
   }
   if (!node || typeof node !== "object" || Array.isArray(node)) throw new RouterError(400, "The body must be one node as a JSON object.", "invalid_request_error", "invalid_json");
   const given = node as Record<string, unknown>;
-  if (given.id !== undefined && given.id !== id) throw new RouterError(400, `The node's id "${String(given.id)}" differs from the id in the path.`, "invalid_request_error", "invalid_value", "id");
+  if (given.id !== undefined && given.id !== id)
+    throw new RouterError(400, `The node's id "${String(given.id)}" differs from the id in the path.`, "invalid_request_error", "invalid_value", "id");
   return writeDocument(c, { op: "put_node", id, node: given });
 });
 

@@ -85,7 +85,16 @@ export async function buildRouteRequest(
     version: snapshot.version,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
-    request: { version: snapshot.version, model, key: key?.hash ?? null, prefixHashes, tokens: Math.ceil(bodyChars / 4), dryRun, ...(oneHop ? { oneHop } : {}), ...(pinned ? { pinned } : {}) },
+    request: {
+      version: snapshot.version,
+      model,
+      key: key?.hash ?? null,
+      prefixHashes,
+      tokens: Math.ceil(bodyChars / 4),
+      dryRun,
+      ...(oneHop ? { oneHop } : {}),
+      ...(pinned ? { pinned } : {}),
+    },
   };
 }
 
@@ -175,7 +184,10 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     if (!routed.ok) throw selectionFailure(routed.error);
     if (config.protocol === "colocated" || oneHop) life.prefillReported = true;
     let nodes = nodesById.get(config);
-    if (!nodes) nodesById.set(config, (nodes = new Map(config.nodes.map((n) => [n.id, n]))));
+    if (!nodes) {
+      nodes = new Map(config.nodes.map((n) => [n.id, n]));
+      nodesById.set(config, nodes);
+    }
     const ctx: ForwardContext = {
       raw,
       parsed: body,
@@ -193,7 +205,11 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     return { life, config, answer };
   } catch (err) {
     const error =
-      err instanceof RouterError ? err : err instanceof UpstreamFailure ? upstreamError(err) : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
+      err instanceof RouterError
+        ? err
+        : err instanceof UpstreamFailure
+          ? upstreamError(err)
+          : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
     const legs: Ending["legs"] = {};
     if (err instanceof UpstreamFailure && !wasReported(err)) legs[err.leg] = err.report();
     life.end({ status: error.status, outcome: error.code === "client_closed_request" ? "aborted" : "error", error: error.message, legs });
@@ -322,7 +338,8 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
 /** POST /generate (protocol sglang): SGLang's native API, disaggregated like the OpenAI routes. */
 export async function forwardGenerate(c: Ctx): Promise<Response> {
   const config = requireConfig(await currentConfig(c.env));
-  if (config.protocol !== "sglang") throw new RouterError(404, "POST /generate is SGLang's native API: it is routed only under protocol sglang.", "not_found_error", "unknown_route");
+  if (config.protocol !== "sglang")
+    throw new RouterError(404, "POST /generate is SGLang's native API: it is routed only under protocol sglang.", "not_found_error", "unknown_route");
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, false);
@@ -381,7 +398,13 @@ async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRe
   const bodies = routed.map((r) => answerBody(c, "completion", body, r));
   if (bodies.every((b): b is { json: string } => "json" in b)) {
     headers.set("content-type", "application/json");
-    return new Response(mergeCompletions(bodies.map((b) => JSON.parse(b.json) as CompletionObject), n), { status: 200, headers });
+    return new Response(
+      mergeCompletions(
+        bodies.map((b) => JSON.parse(b.json) as CompletionObject),
+        n,
+      ),
+      { status: 200, headers },
+    );
   }
   headers.set("content-type", "text/event-stream; charset=utf-8");
   headers.set("cache-control", "no-cache");

@@ -32,7 +32,7 @@ export async function listModels(config: ClusterConfig, options: ListModelsOptio
   const names = new Set<string>();
   const ask = new Map<string, NodeConfig>();
   for (const n of config.nodes) {
-    if (n.models) n.models.forEach((m) => names.add(m));
+    if (n.models) for (const m of n.models) names.add(m);
     else if (!ask.has(n.url)) ask.set(n.url, n);
   }
   let answered = 0;

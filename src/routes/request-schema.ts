@@ -31,10 +31,10 @@ export const ChatRequestSchema = z
 export const CompletionRequestSchema = z
   .object({
     ...common,
-    prompt: z.union(
-      [z.string(), z.array(z.string()).min(1), z.array(z.number().int()).min(1), z.array(z.array(z.number().int()).min(1)).min(1)],
-      { required_error: "is required", invalid_type_error: "must be a string, an array of strings, or token ids" },
-    ),
+    prompt: z.union([z.string(), z.array(z.string()).min(1), z.array(z.number().int()).min(1), z.array(z.array(z.number().int()).min(1)).min(1)], {
+      required_error: "is required",
+      invalid_type_error: "must be a string, an array of strings, or token ids",
+    }),
   })
   .passthrough();
 
@@ -80,8 +80,7 @@ export function parseInferenceRequest(raw: string, kind: RequestKind): Inference
     const issue = parsed.error.issues[0]!;
     const param = fieldPath(issue.path) || null;
     const missing =
-      (issue.code === "invalid_type" && issue.received === "undefined") ||
-      (issue.path.length === 1 && (value as Record<string, unknown>)[String(issue.path[0])] === undefined);
+      (issue.code === "invalid_type" && issue.received === "undefined") || (issue.path.length === 1 && (value as Record<string, unknown>)[String(issue.path[0])] === undefined);
     throw badRequest(
       missing ? `Missing required parameter: '${param}'.` : `Invalid value for '${param}': ${issue.message}.`,
       param,

@@ -24,7 +24,5 @@ export function compareIds(a: string, b: string): number {
 
 /** All `nodes` ordered by rendezvous score for `key`, best first; equal scores by id. */
 export function rendezvousRank(key: string, nodes: readonly CandidateNode[]): RankedNode[] {
-  return nodes
-    .map((node) => ({ node, score: rendezvousScore(key, node) }))
-    .sort((a, b) => b.score - a.score || compareIds(a.node.id, b.node.id));
+  return nodes.map((node) => ({ node, score: rendezvousScore(key, node) })).sort((a, b) => b.score - a.score || compareIds(a.node.id, b.node.id));
 }

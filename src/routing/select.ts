@@ -3,18 +3,7 @@
 
 import { loadBound } from "./bounded-load";
 import { compareIds, rendezvousScore } from "./rendezvous";
-import type {
-  CandidateNode,
-  Decision,
-  DecisionRule,
-  PolicyName,
-  Result,
-  Role,
-  RoleDecision,
-  ScoredCandidate,
-  SelectionError,
-  SelectionInput,
-} from "./types";
+import type { CandidateNode, Decision, DecisionRule, PolicyName, Result, Role, RoleDecision, ScoredCandidate, SelectionError, SelectionInput } from "./types";
 
 /** Appended to the affinity key for decode, so P and D spread independently of each other. */
 export const DECODE_KEY_DISCRIMINATOR = ":decode";
@@ -61,8 +50,7 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
       if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
       if (decode.usedRoundRobin) cursors.decode += 1;
       const group = nodeById(prefillPool.nodes, prefill.decision.id)?.group;
-      const decided =
-        group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
+      const decided = group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
       return { ok: true, value: { prefill: prefill.decision, decode: decided, cursors } };
     }
     case "strict": {
@@ -177,14 +165,13 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   if (pool.key !== null && policy !== "round_robin") {
     for (const n of nodes) rendezvous.set(n.id, rendezvousScore(pool.key, n));
   }
-  const byRendezvous = (a: CandidateNode, b: CandidateNode): number =>
-    (rendezvous.get(b.id) ?? 0) - (rendezvous.get(a.id) ?? 0) || compareIds(a.id, b.id);
+  const byRendezvous = (a: CandidateNode, b: CandidateNode): number => (rendezvous.get(b.id) ?? 0) - (rendezvous.get(a.id) ?? 0) || compareIds(a.id, b.id);
 
   // Session stickiness: the conversation's previous node keeps it, even while draining.
   // A pinned request (its node holds state it needs) keeps the node whatever the policy and bound.
   if ((usesKey || pool.pinned) && pool.sticky !== undefined) {
     const sticky = nodes.find((n) => n.id === pool.sticky);
-    if (sticky && sticky.healthy && inScope(sticky) && (pool.pinned || underOwnBound(sticky))) {
+    if (sticky?.healthy && inScope(sticky) && (pool.pinned || underOwnBound(sticky))) {
       const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
       return finish(order, sticky, "sticky", false);
     }
@@ -365,9 +352,7 @@ function preferGroup(decode: Ranked, pool: Pool, group: string, bonus: number): 
   return {
     id: inGroup.id,
     rule: "pdgroup_prefer",
-    candidates: decision.candidates.map((c, i) =>
-      i < pickedAt && c.skipped === undefined && c.group !== group ? { ...c, skipped: "group" } : c,
-    ),
+    candidates: decision.candidates.map((c, i) => (i < pickedAt && c.skipped === undefined && c.group !== group ? { ...c, skipped: "group" } : c)),
     fallbacks: [...order.filter(sameGroup), ...order.filter((id) => !sameGroup(id))],
     failOpen: false,
   };
@@ -400,15 +385,12 @@ function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Resu
     const prefillDecision: RoleDecision = {
       id: pid,
       rule: index === 0 ? p.rule : "pdgroup_strict",
-      candidates: p.candidates.map((c) =>
-        passedOver.has(c.id) ? { ...c, skipped: "group" } : c.id === pid ? withoutSkip(c) : c,
-      ),
+      candidates: p.candidates.map((c) => (passedOver.has(c.id) ? { ...c, skipped: "group" } : c.id === pid ? withoutSkip(c) : c)),
       fallbacks: walk.filter((id) => id !== pid && sameGroup(id)),
       failOpen: p.failOpen,
     };
     const d = decode.decision;
-    const decodeDecision: RoleDecision =
-      d.rule === "sticky" || d.rule === "fail_open" ? d : { ...d, rule: "pdgroup_strict" };
+    const decodeDecision: RoleDecision = d.rule === "sticky" || d.rule === "fail_open" ? d : { ...d, rule: "pdgroup_strict" };
     return {
       ok: true,
       value: { prefill: prefillDecision, decode: decodeDecision, decodeUsedRoundRobin: decode.usedRoundRobin },

@@ -129,8 +129,6 @@ export interface Decision {
   cursors: { prefill: number; decode: number };
 }
 
-export type SelectionError =
-  | { kind: "no_nodes"; role: Role }
-  | { kind: "no_decode_in_group"; message: string };
+export type SelectionError = { kind: "no_nodes"; role: Role } | { kind: "no_decode_in_group"; message: string };
 
 export type Result<T, E> = { ok: true; value: T } | { ok: false; error: E };

@@ -3,30 +3,8 @@ import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } fro
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
 import type { CandidateNode, Decision, Role } from "../routing/types";
-import {
-  breakerState,
-  freshHealth,
-  isHealthy,
-  onFailure,
-  onInconclusive,
-  onPicked,
-  onProbe,
-  onSuccess,
-  probeSettings,
-  type NodeHealth,
-  type ProbeSettings,
-} from "./health";
-import type {
-  ClusterSnapshot,
-  ClusterView,
-  FailoverResponse,
-  FinishReport,
-  Histogram,
-  KeyCount,
-  LegReport,
-  RouteRequest,
-  RouteResponse,
-} from "./types";
+import { breakerState, freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings, type NodeHealth, type ProbeSettings } from "./health";
+import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, Histogram, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
 
 /**
  * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
@@ -127,16 +105,27 @@ export class ClusterState extends DurableObject {
     this.sweep(now);
     // no model (SGLang's /generate, a tokenizer call without one): any node
     const serves = (n: ClusterView["nodes"][number]) => !n.models || !req.model || n.models.includes(req.model);
-    const pool = (role: Role) =>
-      cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
+    const pool = (role: Role) => cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
     // one-hop requests (embeddings, tokenizer) take one node, like colocated
     const colocated = cluster.protocol === "colocated" || req.oneHop === true;
     const usesPrefix = cluster.policy.prefill === "cache_aware" || cluster.policy.decode === "cache_aware";
     const prefill = colocated ? [] : pool("prefill");
     const decode = pool("decode");
     const prefixMatches = {
-      prefill: usesPrefix && req.prefixHashes.length ? this.prefixIndex.prefill.match(req.prefixHashes, prefill.map((n) => n.id)) : {},
-      decode: usesPrefix && req.prefixHashes.length ? this.prefixIndex.decode.match(req.prefixHashes, decode.map((n) => n.id)) : {},
+      prefill:
+        usesPrefix && req.prefixHashes.length
+          ? this.prefixIndex.prefill.match(
+              req.prefixHashes,
+              prefill.map((n) => n.id),
+            )
+          : {},
+      decode:
+        usesPrefix && req.prefixHashes.length
+          ? this.prefixIndex.decode.match(
+              req.prefixHashes,
+              decode.map((n) => n.id),
+            )
+          : {},
     };
     const sticky = req.key ? (this.sticky.get(req.key) ?? null) : null;
     const result = selectRoute({
@@ -478,11 +467,7 @@ export class ClusterState extends DurableObject {
   private checkpointCursors(): void {
     for (const pool of ["prefill", "decode"] as const) {
       if (this.savedCursors[pool] === this.cursors[pool]) continue;
-      this.ctx.storage.sql.exec(
-        `INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`,
-        pool,
-        this.cursors[pool],
-      );
+      this.ctx.storage.sql.exec(`INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`, pool, this.cursors[pool]);
       this.savedCursors[pool] = this.cursors[pool];
     }
   }

@@ -46,9 +46,7 @@ export interface RouteRequest {
   route?: string;
 }
 
-export type RouteResponse =
-  | { ok: true; leaseId: string | null; decision: Decision }
-  | { ok: false; error: SelectionError | { kind: "stale_view" } };
+export type RouteResponse = { ok: true; leaseId: string | null; decision: Decision } | { ok: false; error: SelectionError | { kind: "stale_view" } };
 
 /** How a leg ended, as far as the node's health is concerned. */
 export type LegOutcome = "ok" | "failure" | "client_error" | "aborted";

@@ -138,7 +138,9 @@ describe("status page in a browser", () => {
 
     /** the numbers a chart's polyline plots (data-values), and its SVG points */
     const line = (chart: string, series: string) =>
-      page.locator(`svg[data-chart="${chart}"] polyline[data-series="${series}"]`).evaluate((el) => ({ values: JSON.parse(el.getAttribute("data-values") ?? "[]") as number[], points: el.getAttribute("points") ?? "" }));
+      page
+        .locator(`svg[data-chart="${chart}"] polyline[data-series="${series}"]`)
+        .evaluate((el) => ({ values: JSON.parse(el.getAttribute("data-values") ?? "[]") as number[], points: el.getAttribute("points") ?? "" }));
     /** wait until a polyline plots at least minLength values, some above `some`, all above `every` */
     const waitValues = (chart: string, series: string, want: { minLength?: number; some?: number; every?: number }, timeout = 20000) =>
       page.waitForFunction(
@@ -156,7 +158,9 @@ describe("status page in a browser", () => {
     const idle = await line("rps", "routed (router)");
     expect(Math.max(...idle.values)).toBe(0);
     for (const chart of ["rps", "inflight", "ttfb", "events"]) expect(await page.locator(`svg[data-chart="${chart}"]`).count()).toBe(1);
-    expect(await page.locator("#chart-rps .legend .key").allTextContents()).toEqual(expect.arrayContaining([expect.stringMatching(/^p0/), expect.stringMatching(/^d1/), expect.stringMatching(/^routed/)]));
+    expect(await page.locator("#chart-rps .legend .key").allTextContents()).toEqual(
+      expect.arrayContaining([expect.stringMatching(/^p0/), expect.stringMatching(/^d1/), expect.stringMatching(/^routed/)]),
+    );
     // the prefix hit ratio is a cache_aware figure: round_robin says so instead of an empty chart
     expect(await page.locator("#chart-hit").isHidden()).toBe(true);
     expect(await page.locator("#hit-off").textContent()).toContain("round_robin");
@@ -170,9 +174,11 @@ describe("status page in a browser", () => {
         body: JSON.stringify({ model: "sim-model", messages: [{ role: "user", content }], max_tokens: 4, ...extra }),
       }).then((r) => r.arrayBuffer().then(() => r.status));
     const until = Date.now() + 5000;
-    const load = Promise.all(Array.from({ length: 6 }, async (_, k) => {
-      for (let i = 0; Date.now() < until; i++) await chat(`client ${k} turn ${i}`, { stream: i % 2 === 0 });
-    }));
+    const load = Promise.all(
+      Array.from({ length: 6 }, async (_, k) => {
+        for (let i = 0; Date.now() < until; i++) await chat(`client ${k} turn ${i}`, { stream: i % 2 === 0 });
+      }),
+    );
     await waitValues("rps", "routed (router)", { some: 1 });
     await waitValues("rps", "d0", { some: 0 });
     await load;

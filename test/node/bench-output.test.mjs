@@ -35,7 +35,14 @@ describe('percentile (nearest rank)', () => {
 });
 
 describe('report writers', () => {
-  const chart = { title: 'a <b> & c', series: ['round_robin', 'affinity'], figures: [{ name: 'hit ratio', values: [0.1, 0.3], reference: { value: 0.366, label: 'ceiling' } }, { name: 'p99', values: [12, NaN] }] };
+  const chart = {
+    title: 'a <b> & c',
+    series: ['round_robin', 'affinity'],
+    figures: [
+      { name: 'hit ratio', values: [0.1, 0.3], reference: { value: 0.366, label: 'ceiling' } },
+      { name: 'p99', values: [12, NaN] },
+    ],
+  };
 
   it('writes the JSON and an SVG with the same basename', () => {
     const json = path.join(dir, 'sub', 'trace-8.json');
@@ -58,7 +65,15 @@ describe('report writers', () => {
   });
 
   it('renders a markdown table', () => {
-    expect(markdownTable(['a', 'b'], [['x', 0.12345], ['y', 3]])).toBe('| a | b |\n|---|---|\n| x | 0.123 |\n| y | 3 |');
+    expect(
+      markdownTable(
+        ['a', 'b'],
+        [
+          ['x', 0.12345],
+          ['y', 3],
+        ],
+      ),
+    ).toBe('| a | b |\n|---|---|\n| x | 0.123 |\n| y | 3 |');
   });
 });
 
@@ -75,9 +90,24 @@ describe('command line', () => {
 
 describe('direct vllm prefill leg (SPEC 4 field rules)', () => {
   it('forces a one-token non-stream prefill and asks for a remote decode', () => {
-    const body = { model: 'm', messages: [], stream: true, stream_options: { include_usage: true }, max_tokens: 64, max_completion_tokens: 64, min_tokens: 2, min_completion_tokens: 2, temperature: 0 };
+    const body = {
+      model: 'm',
+      messages: [],
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: 64,
+      max_completion_tokens: 64,
+      min_tokens: 2,
+      min_completion_tokens: 2,
+      temperature: 0,
+    };
     expect(vllmPrefillBody(body)).toEqual({
-      model: 'm', messages: [], stream: false, max_tokens: 1, max_completion_tokens: 1, temperature: 0,
+      model: 'm',
+      messages: [],
+      stream: false,
+      max_tokens: 1,
+      max_completion_tokens: 1,
+      temperature: 0,
       kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null },
     });
     expect(body.stream).toBe(true);

@@ -4,7 +4,8 @@ import { parseProcStat } from '../../bench/lib/proc.mjs';
 import { drainTimes, ratio } from '../../bench/lib/stats.mjs';
 import { headline, levelRatios, overheadTables, pathFigures } from '../../bench/scenarios/overhead.mjs';
 
-const HUNG = "The Workers runtime canceled this request because it detected that your Worker's code had hung and would never generate a response. Refer to: https://developers.cloudflare.com/workers/observability/errors/";
+const HUNG =
+  "The Workers runtime canceled this request because it detected that your Worker's code had hung and would never generate a response. Refer to: https://developers.cloudflare.com/workers/observability/errors/";
 
 describe('failed requests are counted by kind', () => {
   it('passes a 2xx with a clean end, and names every other outcome', () => {
@@ -16,7 +17,10 @@ describe('failed requests are counted by kind', () => {
     expect(failureKind({ status: 503 })).toBe('503');
   });
   it('tallies kinds, most frequent first', () => {
-    expect(countKinds([null, 'b', 'a', 'b', null])).toEqual([{ kind: 'b', count: 2 }, { kind: 'a', count: 1 }]);
+    expect(countKinds([null, 'b', 'a', 'b', null])).toEqual([
+      { kind: 'b', count: 2 },
+      { kind: 'a', count: 1 },
+    ]);
     expect(countKinds([null])).toEqual([]);
   });
 });
@@ -35,7 +39,12 @@ describe('ratios and drain times', () => {
     expect(ratio(NaN, 2)).toBeNaN();
   });
   it('finds when a falling count reached half and zero', () => {
-    const samples = [{ atMs: 1000, value: 10 }, { atMs: 1020, value: 8 }, { atMs: 1040, value: 5 }, { atMs: 1060, value: 0 }];
+    const samples = [
+      { atMs: 1000, value: 10 },
+      { atMs: 1020, value: 8 },
+      { atMs: 1040, value: 5 },
+      { atMs: 1060, value: 0 },
+    ];
     expect(drainTimes(samples, 1000)).toEqual({ halfMs: 40, allMs: 60 });
     expect(drainTimes([{ atMs: 5, value: 3 }], 0).allMs).toBeNaN();
   });
@@ -58,8 +67,31 @@ describe('overhead report shape', () => {
 
   it('has camelCase figures per policy and one table a subject', () => {
     const levels = [{ concurrency: 16, direct: d, baseline: base, router, ratios }];
-    expect(headline(levels)).toEqual({ addedTtfbP50MsAt16: 2, addedTtfbP99MsAt16: 2, reqPerSAt16: 4, cpuMsPerRequestAt16: 2.4, cpuVsBaselineAt16: 2.4, addedTtfbP50VsBaselineAt16: 2, failedAt16: 1 });
-    const table = overheadTables({ results: [{ policy: 'round_robin', levels }], memory: [{ target: 'baseline', streamsOpen: 10, streamsAsked: 10, rssBeforeKb: 1, rssPeakKb: 2, kbPerStream: 100, upstreamClosedHalfMs: 10, upstreamClosedAllMs: 20, upstreamStillOpen: 0 }] });
+    expect(headline(levels)).toEqual({
+      addedTtfbP50MsAt16: 2,
+      addedTtfbP99MsAt16: 2,
+      reqPerSAt16: 4,
+      cpuMsPerRequestAt16: 2.4,
+      cpuVsBaselineAt16: 2.4,
+      addedTtfbP50VsBaselineAt16: 2,
+      failedAt16: 1,
+    });
+    const table = overheadTables({
+      results: [{ policy: 'round_robin', levels }],
+      memory: [
+        {
+          target: 'baseline',
+          streamsOpen: 10,
+          streamsAsked: 10,
+          rssBeforeKb: 1,
+          rssPeakKb: 2,
+          kbPerStream: 100,
+          upstreamClosedHalfMs: 10,
+          upstreamClosedAllMs: 20,
+          upstreamStillOpen: 0,
+        },
+      ],
+    });
     expect(table).toContain('| round_robin | 16 | 1 / 2 (2x) |');
     expect(table).toContain('| round_robin | 16 | router | 500 runtime canceled: code had hung | 1 |');
     expect(table).toContain('| baseline | 10 (10) | 1 | 2 | 100 | 10 / 20 | 0 |');

@@ -7,7 +7,14 @@ const post = (url, body, id) => fetch(url, { method: 'POST', headers: { 'content
 const url = (id) => cluster.engines.get(id).url + '/v1/completions';
 
 beforeAll(async () => {
-  cluster = await startSimCluster({ engines: [{ id: 'p0', role: 'prefill' }, { id: 'p1', role: 'prefill' }, { id: 'd0', role: 'decode' }], defaults: { timeScale: 0 } });
+  cluster = await startSimCluster({
+    engines: [
+      { id: 'p0', role: 'prefill' },
+      { id: 'p1', role: 'prefill' },
+      { id: 'd0', role: 'decode' },
+    ],
+    defaults: { timeScale: 0 },
+  });
 });
 afterAll(() => cluster?.close());
 

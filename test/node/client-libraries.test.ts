@@ -145,7 +145,14 @@ describe("Vercel AI SDK (ai 6, @ai-sdk/openai-compatible) through the router", (
 
   it("streamText aborted by the client mid-stream: D sees the disconnect and the lease is released", async () => {
     const ac = new AbortController();
-    const result = streamText({ model: provider().chatModel("sim-model"), prompt: "Tell a long story", maxOutputTokens: 400, maxRetries: 0, abortSignal: ac.signal, onError: () => {} });
+    const result = streamText({
+      model: provider().chatModel("sim-model"),
+      prompt: "Tell a long story",
+      maxOutputTokens: 400,
+      maxRetries: 0,
+      abortSignal: ac.signal,
+      onError: () => {},
+    });
     let seen = 0;
     try {
       for await (const _ of result.textStream) {
@@ -161,7 +168,8 @@ describe("Vercel AI SDK (ai 6, @ai-sdk/openai-compatible) through the router", (
 });
 
 describe("LangChain ChatOpenAI (@langchain/openai 0.6) through the router", () => {
-  const chat = (maxTokens: number) => new ChatOpenAI({ model: "sim-model", apiKey: "unused-without-API_KEYS", configuration: { baseURL: `${router.url}/v1` }, maxTokens, maxRetries: 0 });
+  const chat = (maxTokens: number) =>
+    new ChatOpenAI({ model: "sim-model", apiKey: "unused-without-API_KEYS", configuration: { baseURL: `${router.url}/v1` }, maxTokens, maxRetries: 0 });
 
   it("invoke: an AIMessage with usage_metadata", async () => {
     const message = await chat(5).invoke([
@@ -233,7 +241,13 @@ describe("official openai SDK (openai 7) Responses API through the router", () =
     expect(types.at(-1)).toBe("response.completed");
     expect(types.filter((t) => t === "response.output_text.delta")).toHaveLength(6);
     expect(text.split(" ")).toHaveLength(6);
-    expect(completed!.output_text ?? completed!.output.flatMap((o: any) => o.content ?? []).map((c: any) => c.text).join("")).toBe(text);
+    expect(
+      completed!.output_text ??
+        completed!.output
+          .flatMap((o: any) => o.content ?? [])
+          .map((c: any) => c.text)
+          .join(""),
+    ).toBe(text);
     expect(completed!.usage!.output_tokens).toBe(6);
     expect(completed!.usage!.input_tokens_details.cached_tokens).toBe(0);
     expect(completed!.usage!.total_tokens).toBe(completed!.usage!.input_tokens + 6);

@@ -48,7 +48,12 @@ const newId = (what: string) => `lc-${what}-${Date.now().toString(36)}-${n++}`;
 
 /** The request wrote exactly one log line, within `ms`. */
 async function expectOneLogLine(id: string, ms: number): Promise<Record<string, unknown>> {
-  await until(`log line of ${id}`, async () => rig.requestLogs(id).length, (k) => k > 0, ms);
+  await until(
+    `log line of ${id}`,
+    async () => rig.requestLogs(id).length,
+    (k) => k > 0,
+    ms,
+  );
   await sleep(300);
   const logs = rig.requestLogs(id);
   expect(logs).toHaveLength(1);
@@ -60,7 +65,12 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     const id = newId("leave-during-p");
     rig.engine("p0").setFault({ mode: "slow", delayMs: 1000, count: 1 });
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 400 }), headers: { "x-request-id": id } });
-    await until("P running", () => rig.engineStats(), (s) => s.p0!.inflight === 1, 3000);
+    await until(
+      "P running",
+      () => rig.engineStats(),
+      (s) => s.p0!.inflight === 1,
+      3000,
+    );
     client.leave();
     // At worst P finishes its second, D starts, and the first write nobody reads stalls for STALL_MS.
     const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
@@ -78,7 +88,12 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     const id = newId("leave-before-d");
     rig.engine("d0").setFault({ mode: "slow", delayMs: 1000, count: 1 });
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 400 }), headers: { "x-request-id": id } });
-    await until("P answered, D running", () => rig.engineStats(), (s) => s.p0!.requests.vllmPrefill === 1 && s.p0!.inflight === 0 && s.d0!.inflight === 1, 3000);
+    await until(
+      "P answered, D running",
+      () => rig.engineStats(),
+      (s) => s.p0!.requests.vllmPrefill === 1 && s.p0!.inflight === 0 && s.d0!.inflight === 1,
+      3000,
+    );
     client.leave();
     const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
     const stats = await expectEnginesIdle(rig, 1000);
@@ -93,7 +108,12 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     const id = newId("leave-nonstream");
     rig.engine("p0").setFault({ mode: "slow", delayMs: 800, count: 1 });
     const client = new RawClient(rig.port, { body: chatBody({ max_tokens: 20 }), headers: { "x-request-id": id } });
-    await until("P running", () => rig.engineStats(), (s) => s.p0!.inflight === 1, 3000);
+    await until(
+      "P running",
+      () => rig.engineStats(),
+      (s) => s.p0!.inflight === 1,
+      3000,
+    );
     client.leave();
     await expectReleased(rig, 800 + TIMEOUTS.nonStreamMs + SLACK_MS);
     await expectEnginesIdle(rig, 1000);
@@ -208,7 +228,10 @@ describe("4. leases: a stream longer than LEASE_TTL_MS keeps counting; a lease w
     expect(lasted).toBeGreaterThan(2 * LEASE_TTL_MS);
     expect(client.response().body).toContain("[DONE]");
     // the last sample may race the stream's end; every earlier one must count the stream
-    expect(seen.slice(0, -1).every((x) => x.decode === 1 && x.leases === 1), JSON.stringify(seen)).toBe(true);
+    expect(
+      seen.slice(0, -1).every((x) => x.decode === 1 && x.leases === 1),
+      JSON.stringify(seen),
+    ).toBe(true);
     expect(seen.length).toBeGreaterThan(8);
     await expectReleased(rig, 1000);
     expect(rig.lines().some((l) => l.includes('"event":"lease_expired"'))).toBe(false);

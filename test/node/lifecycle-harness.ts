@@ -176,7 +176,14 @@ export async function expectReleased(rig: Rig, ms: number): Promise<number> {
 
 /** No engine has a request open (every upstream connection closed), within `ms`. */
 export async function expectEnginesIdle(rig: Rig, ms: number): Promise<Record<string, EngineStats>> {
-  return (await until("engines idle", () => rig.engineStats(), (s) => Object.values(s).every((e) => e.inflight === 0), ms)).value;
+  return (
+    await until(
+      "engines idle",
+      () => rig.engineStats(),
+      (s) => Object.values(s).every((e) => e.inflight === 0),
+      ms,
+    )
+  ).value;
 }
 
 export function chatBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
@@ -204,7 +211,11 @@ export class RawClient {
       this.socket.once("error", reject);
     });
     this.socket.on("error", () => undefined);
-    this.socket.write(`${opts.method ?? "POST"} ${opts.path ?? "/v1/chat/completions"} HTTP/1.1\r\n${Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join("")}\r\n${body}`);
+    this.socket.write(
+      `${opts.method ?? "POST"} ${opts.path ?? "/v1/chat/completions"} HTTP/1.1\r\n${Object.entries(headers)
+        .map(([k, v]) => `${k}: ${v}\r\n`)
+        .join("")}\r\n${body}`,
+    );
     this.socket.on("data", (d: Buffer) => {
       this.chunks.push(d);
       this.joined = null;

@@ -94,7 +94,12 @@ describe("8. SSE rewriting stays linear and bounded: huge lines pass through", (
 });
 
 describe("13. a concurrency-64 burst is answered, after idle time and across a document refresh", () => {
-  const burst = (k: number) => Promise.all(Array.from({ length: k }, () => request(rig.url, { body: chatBody({ max_tokens: 4 }), timeoutMs: 15000 }).catch((e: Error) => ({ status: -1, body: String(e), headers: {}, ms: 0 }))));
+  const burst = (k: number) =>
+    Promise.all(
+      Array.from({ length: k }, () =>
+        request(rig.url, { body: chatBody({ max_tokens: 4 }), timeoutMs: 15000 }).catch((e: Error) => ({ status: -1, body: String(e), headers: {}, ms: 0 })),
+      ),
+    );
 
   it("64 at once after the config cache went stale (idle), then 3 more waves while the document is re-put", async () => {
     await sleep(CONFIG_TTL_MS * 2);
@@ -124,7 +129,7 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
     rig.engine("d0").setFault({ mode: "stall", afterChunks: 2, count: 15 });
     rig.engine("d1").setFault({ mode: "respond", status: 200, headers: { "content-type": "text/event-stream" }, body: "data: {garbage\n\nevent: nonsense\n\n", count: 12 });
     let seed = 42;
-    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const behaviours = ["leave-before-headers", "leave-mid-stream", "stop-reading", "read-all", "read-all"] as const;
     const ids: string[] = [];
     const what = new Map<string, string>();
@@ -139,7 +144,10 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
       const leaveAfterMs = Math.floor(random() * 400);
       await sleep(Math.floor(random() * 300));
       const sentAt = Date.now();
-      const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 20 + Math.floor(random() * 60), stream_options: { include_usage: true } }), headers: { "x-request-id": id } });
+      const client = new RawClient(rig.port, {
+        body: chatBody({ stream: true, max_tokens: 20 + Math.floor(random() * 60), stream_options: { include_usage: true } }),
+        headers: { "x-request-id": id },
+      });
       let seen: string;
       switch (behaviour) {
         case "leave-before-headers":
@@ -166,7 +174,16 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
           await client.waitEnded(15000);
           const { status, body } = client.response();
           // (a D that ends its stream cleanly after garbage, without [DONE]: passed on as it came)
-          seen = status === 200 ? (body.includes("[DONE]") ? "done" : body.includes("event: error") ? "error-event" : body.includes("{garbage") ? "garbage-passed-on" : "200-without-end") : `status-${status}`;
+          seen =
+            status === 200
+              ? body.includes("[DONE]")
+                ? "done"
+                : body.includes("event: error")
+                  ? "error-event"
+                  : body.includes("{garbage")
+                    ? "garbage-passed-on"
+                    : "200-without-end"
+              : `status-${status}`;
           client.leave();
         }
       }
@@ -176,7 +193,8 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
     /** client request ids that reached an engine (upstream ids start with the client's id) */
     const reachedEngines = () => {
       const out = new Set<string>();
-      for (const e of ["p0", "p1", "d0", "d1"]) for (const r of rig.engine(e).requests() as Array<{ headers: Record<string, string> }>) out.add(/^soak-\d+-[a-z0-9]+/.exec(r.headers["x-request-id"] ?? "")?.[0] ?? "");
+      for (const e of ["p0", "p1", "d0", "d1"])
+        for (const r of rig.engine(e).requests() as Array<{ headers: Record<string, string> }>) out.add(/^soak-\d+-[a-z0-9]+/.exec(r.headers["x-request-id"] ?? "")?.[0] ?? "");
       return out;
     };
     await Promise.all(Array.from({ length: N }, (_, i) => runOne(i)));
@@ -191,14 +209,20 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
       // what is still held, for the report: requests with no log line yet, by what their client did
       const engines = await rig.engineStats();
       const heldNow = await rig.adminStatus();
-      console.info(`[soak] held: leases ${heldNow.leases}, nodes ${JSON.stringify(heldNow.nodes.map((n) => [n.id, n.inflight]))}, engines in flight ${JSON.stringify(Object.values(engines).map((e) => e.inflight))}`);
+      console.info(
+        `[soak] held: leases ${heldNow.leases}, nodes ${JSON.stringify(heldNow.nodes.map((n) => [n.id, n.inflight]))}, engines in flight ${JSON.stringify(Object.values(engines).map((e) => e.inflight))}`,
+      );
       await until("released at all", () => rig.adminStatus(), idle, 20000).catch(() => undefined);
       const unlogged = ids.filter((id) => rig.requestLogs(id).length === 0).map((id) => what.get(id));
-      throw new Error(`${released.message}\nheld after ${toZeroMs} ms; released after ${Date.now() - clientsDone} ms; requests without a log line by client behaviour: ${JSON.stringify(unlogged)}; expired: ${rig.lines().filter((l) => l.includes("lease_expired")).length}`);
+      throw new Error(
+        `${released.message}\nheld after ${toZeroMs} ms; released after ${Date.now() - clientsDone} ms; requests without a log line by client behaviour: ${JSON.stringify(unlogged)}; expired: ${rig.lines().filter((l) => l.includes("lease_expired")).length}`,
+      );
     }
     await expectEnginesIdle(rig, 2000);
     const toNoConnectionMs = Date.now() - clientsDone;
-    console.info(`[soak] outcomes ${JSON.stringify(outcomes)}; at the clients' end: ${statusAtEnd.leases} leases; leases and load 0 after ${toZeroMs} ms, upstream connections 0 after ${toNoConnectionMs} ms (bound ${bound} ms)`);
+    console.info(
+      `[soak] outcomes ${JSON.stringify(outcomes)}; at the clients' end: ${statusAtEnd.leases} leases; leases and load 0 after ${toZeroMs} ms, upstream connections 0 after ${toNoConnectionMs} ms (bound ${bound} ms)`,
+    );
 
     // a client that read to the end never saw a silent truncation nor an internal error
     expect(outcomes["200-without-end"] ?? 0).toBe(0);

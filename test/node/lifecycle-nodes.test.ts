@@ -63,7 +63,12 @@ describe("5. a node's own failure statuses count against the node and reach the 
   it("a D whose apiKeySecret was rotated (401 echoing the token): 502 in the router's words, failures counted", async () => {
     const before = { d0: await failures("d0"), d1: await failures("d1") };
     for (const d of decodes) {
-      rig.engine(d).setFault({ mode: "respond", status: 401, headers: { "content-type": "application/json" }, body: JSON.stringify({ error: { message: `invalid token ${NODE_TOKEN}`, type: "authentication_error" } }) });
+      rig.engine(d).setFault({
+        mode: "respond",
+        status: 401,
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ error: { message: `invalid token ${NODE_TOKEN}`, type: "authentication_error" } }),
+      });
     }
     const res = await request(rig.url, { body: chatBody() });
     expect(res.status).toBe(502);
@@ -185,7 +190,12 @@ describe("6/11. a node URL that points at the router: a clear error, no loop", (
   it("written with the router's own origin: 508 before anything is sent", async () => {
     // written through another spelling of the router's origin, so the admin API's check lets it in
     const looping = { ...(doc as object), nodes: [(doc as { nodes: unknown[] }).nodes[0], { id: "dself", url: self, role: "decode" }] };
-    const put = await request(rig.url, { path: "/admin/nodes", method: "PUT", body: looping, headers: { authorization: "Bearer lifecycle-admin-token", host: `localhost:${rig.port}` } });
+    const put = await request(rig.url, {
+      path: "/admin/nodes",
+      method: "PUT",
+      body: looping,
+      headers: { authorization: "Bearer lifecycle-admin-token", host: `localhost:${rig.port}` },
+    });
     expect(put.status, put.body).toBeLessThan(300);
     try {
       const res = await request(rig.url, { body: chatBody() });
@@ -202,7 +212,12 @@ describe("6/11. a node URL that points at the router: a clear error, no loop", (
       console.info(`[6] via an alias: ${viaAlias.status} ${viaAlias.body}`);
       // Each request the router sent there is refused at its first hop: the one D attempt, and
       // the vLLM handle's release that a failed attempt sends to D. Two, not 26.
-      await until("the refused hop's log line", async () => loopLines(id), (k) => k > 0, 2000);
+      await until(
+        "the refused hop's log line",
+        async () => loopLines(id),
+        (k) => k > 0,
+        2000,
+      );
       await sleep(500);
       expect(loopLines(id)).toBeLessThanOrEqual(2);
       expect(JSON.parse(viaAlias.body).error.message).toMatch(/routing loop/);

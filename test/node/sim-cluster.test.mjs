@@ -9,7 +9,10 @@ const complete = (id) => fetch(engineUrl(id) + '/v1/completions', { method: 'POS
 
 beforeAll(async () => {
   cluster = await startSimCluster({
-    engines: [{ id: 'p0', role: 'prefill' }, { id: 'd0', role: 'decode', models: ['m1', 'm2'] }],
+    engines: [
+      { id: 'p0', role: 'prefill' },
+      { id: 'd0', role: 'decode', models: ['m1', 'm2'] },
+    ],
     defaults: { timeScale: 0, models: ['m1'] },
   });
 });

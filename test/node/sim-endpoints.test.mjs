@@ -48,7 +48,12 @@ beforeEach(() => fetch(cluster.controlUrl + '/reset', { method: 'POST' }));
 
 describe('POST /v1/responses (vLLM shapes)', () => {
   it('answers a response object with output_text, usage and the incomplete status of a spent budget', async () => {
-    const res = await post('c0', '/v1/responses', { model: 'sim-model', instructions: 'Be brief.', input: 'Hello there', max_output_tokens: 4 }, { traceparent: TRACEPARENT, 'x-request-id': 'r-1' });
+    const res = await post(
+      'c0',
+      '/v1/responses',
+      { model: 'sim-model', instructions: 'Be brief.', input: 'Hello there', max_output_tokens: 4 },
+      { traceparent: TRACEPARENT, 'x-request-id': 'r-1' },
+    );
     expect(res.status).toBe(200);
     const body = await res.json();
     expect(body).toMatchObject({
@@ -74,7 +79,12 @@ describe('POST /v1/responses (vLLM shapes)', () => {
   });
 
   it('streams the typed events, created ... output_text.delta ... completed with usage, numbered from 0', async () => {
-    const res = await post('c0', '/v1/responses', { model: 'sim-model', input: [{ role: 'user', content: [{ type: 'input_text', text: 'Count to three' }] }], max_output_tokens: 3, stream: true });
+    const res = await post('c0', '/v1/responses', {
+      model: 'sim-model',
+      input: [{ role: 'user', content: [{ type: 'input_text', text: 'Count to three' }] }],
+      max_output_tokens: 3,
+      stream: true,
+    });
     expect(res.headers.get('content-type')).toBe('text/event-stream');
     const events = await sseEvents(res);
     expect(events.map((e) => e.event)).toEqual([
@@ -93,7 +103,10 @@ describe('POST /v1/responses (vLLM shapes)', () => {
     // the SSE event name and the JSON type agree; no [DONE] sentinel (vLLM sends none)
     for (const [i, e] of events.entries()) expect(e.data).toMatchObject({ type: e.event, sequence_number: i });
     expect(events[0].data.response).toMatchObject({ status: 'in_progress', output: [], usage: null });
-    const deltas = events.filter((e) => e.event === 'response.output_text.delta').map((e) => e.data.delta).join('');
+    const deltas = events
+      .filter((e) => e.event === 'response.output_text.delta')
+      .map((e) => e.data.delta)
+      .join('');
     expect(events.at(-4).data.text).toBe(deltas);
     const done = events.at(-1).data.response;
     expect(done).toMatchObject({ status: 'incomplete', usage: { output_tokens: 3 }, output: [{ content: [{ text: deltas }] }] });
@@ -103,7 +116,10 @@ describe('POST /v1/responses (vLLM shapes)', () => {
   it('P leg (max_output_tokens 1, kv_transfer_params do_remote_decode) hands back a handle; D pulls it and counts it as cached', async () => {
     const input = 'x'.repeat(4096 - 'user: '.length); // 1024 tokens at 4 characters a token
     const pRes = await post('p0', '/v1/responses', {
-      model: 'sim-model', input, max_output_tokens: 1, stream: false,
+      model: 'sim-model',
+      input,
+      max_output_tokens: 1,
+      stream: false,
       kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null },
     });
     const p = await pRes.json();
@@ -144,7 +160,12 @@ describe('POST /v1/responses (vLLM shapes)', () => {
 
   it('counts a client that leaves mid-stream as an abort and stops generating', async () => {
     const ac = new AbortController();
-    const res = await fetch(eng('slow').url + '/v1/responses', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ input: 'x', max_output_tokens: 200, stream: true }), signal: ac.signal });
+    const res = await fetch(eng('slow').url + '/v1/responses', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ input: 'x', max_output_tokens: 200, stream: true }),
+      signal: ac.signal,
+    });
     const reader = res.body.getReader();
     await reader.read();
     ac.abort();
@@ -161,7 +182,12 @@ describe('POST /v1/embeddings, /tokenize, /detokenize (vLLM shapes)', () => {
   it('embeds strings into deterministic unit vectors with usage', async () => {
     const res = await post('c0', '/v1/embeddings', { model: 'sim-model', input: ['alpha', 'beta', 'alpha'] }, { traceparent: TRACEPARENT });
     const body = await res.json();
-    expect(body).toMatchObject({ object: 'list', model: 'sim-model', data: [{ object: 'embedding', index: 0 }, { index: 1 }, { index: 2 }], usage: { prompt_tokens: 6, total_tokens: 6 } });
+    expect(body).toMatchObject({
+      object: 'list',
+      model: 'sim-model',
+      data: [{ object: 'embedding', index: 0 }, { index: 1 }, { index: 2 }],
+      usage: { prompt_tokens: 6, total_tokens: 6 },
+    });
     expect(body.id).toMatch(/^embd-/);
     expect(body.data[0].embedding).toEqual(body.data[2].embedding);
     expect(body.data[0].embedding).not.toEqual(body.data[1].embedding);
@@ -186,7 +212,11 @@ describe('POST /v1/embeddings, /tokenize, /detokenize (vLLM shapes)', () => {
     const chat = await (await post('c0', '/tokenize', { model: 'sim-model', messages: [{ role: 'user', content: 'hi' }] })).json();
     expect(simDetokenize(chat.tokens)).toBe('user: hi');
     expect((await post('c0', '/detokenize', { tokens: [7] })).status).toBe(400);
-    expect(eng('c0').requests().map((e) => e.path)).toEqual(['/tokenize', '/detokenize', '/tokenize', '/detokenize']);
+    expect(
+      eng('c0')
+        .requests()
+        .map((e) => e.path),
+    ).toEqual(['/tokenize', '/detokenize', '/tokenize', '/detokenize']);
   });
 });
 

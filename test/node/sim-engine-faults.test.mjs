@@ -25,7 +25,11 @@ async function readAll(res) {
   }
   return { text, reads };
 }
-const events = (text) => text.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+const events = (text) =>
+  text
+    .split('\n\n')
+    .filter((e) => e.startsWith('data: '))
+    .map((e) => e.slice(6));
 
 beforeAll(async () => {
   engine = await startEngine({ id: 'e0', role: 'both', timeScale: 0 });

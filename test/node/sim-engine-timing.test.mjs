@@ -8,7 +8,14 @@ const post = (id, body, headers = {}) => fetch(eng(id).url + '/v1/completions', 
 const blocks = (tag, n) => Array.from({ length: n }, (_, i) => `${tag}${i}`.padEnd(2048, '.')).join('');
 
 beforeAll(async () => {
-  cluster = await startSimCluster({ engines: [{ id: 'p0', role: 'prefill' }, { id: 'd0', role: 'decode' }, { id: 'c0', role: 'both' }], defaults: { timeScale: 1 } });
+  cluster = await startSimCluster({
+    engines: [
+      { id: 'p0', role: 'prefill' },
+      { id: 'd0', role: 'decode' },
+      { id: 'c0', role: 'both' },
+    ],
+    defaults: { timeScale: 1 },
+  });
 });
 afterAll(() => cluster?.close());
 beforeEach(() => fetch(cluster.controlUrl + '/reset', { method: 'POST' }));
@@ -17,7 +24,9 @@ describe('time model', () => {
   it('queues prefills on one node: the second waits for the first', async () => {
     const prompt = (tag) => blocks(tag, 4); // 2048 tokens: 102.4 ms of prefill each
     await Promise.all([post('c0', { prompt: prompt('a'), max_tokens: 1 }), post('c0', { prompt: prompt('b'), max_tokens: 1 })]);
-    const ttft = eng('c0').stats().ttftMs.sort((x, y) => x - y);
+    const ttft = eng('c0')
+      .stats()
+      .ttftMs.sort((x, y) => x - y);
     expect(ttft[0]).toBeGreaterThanOrEqual(102.4 + 16);
     expect(ttft[1]).toBeGreaterThanOrEqual(ttft[0] + 80); // queued behind ~102 ms of work
   });
@@ -27,7 +36,8 @@ describe('time model', () => {
     await new Promise((r) => setTimeout(r, 60));
     // a 20-block pull lands on d0 while it decodes: 100 ms of transfer interference
     const pull = post('d0', {
-      prompt: blocks('z', 20), max_tokens: 1,
+      prompt: blocks('z', 20),
+      max_tokens: 1,
       kv_transfer_params: { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'p0', remote_block_ids: [], remote_host: '127.0.0.1', remote_port: eng('p0').port },
     });
     await Promise.all([long, pull]);

@@ -17,7 +17,12 @@ async function pd(p, d, prompt, requestId, extra = {}) {
   const pRes = await post(p, '/v1/completions', { model: 'sim-model', prompt, max_tokens: 1, stream: false, kv_transfer_params: PREFILL_PARAMS }, { 'x-request-id': requestId });
   expect(pRes.status).toBe(200);
   const pJson = await pRes.json();
-  const dRes = await post(d, '/v1/completions', { model: 'sim-model', prompt, max_tokens: 4, ...extra, kv_transfer_params: pJson.kv_transfer_params }, { 'x-request-id': requestId });
+  const dRes = await post(
+    d,
+    '/v1/completions',
+    { model: 'sim-model', prompt, max_tokens: 4, ...extra, kv_transfer_params: pJson.kv_transfer_params },
+    { 'x-request-id': requestId },
+  );
   expect(dRes.status).toBe(200);
   return { pJson, dJson: await dRes.json() };
 }
@@ -74,8 +79,13 @@ describe('vllm prefill leg', () => {
 
   it('records protocol violations but still answers', async () => {
     const res = await post('p0', '/v1/chat/completions', {
-      model: 'sim-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, stream: false,
-      stream_options: { include_usage: true }, min_tokens: 2, kv_transfer_params: PREFILL_PARAMS,
+      model: 'sim-model',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 1,
+      stream: false,
+      stream_options: { include_usage: true },
+      min_tokens: 2,
+      kv_transfer_params: PREFILL_PARAMS,
     });
     expect(res.status).toBe(200);
     const json = await res.json();
@@ -159,8 +169,18 @@ describe('vllm decode leg', () => {
 describe('colocated and plain OpenAI', () => {
   it('serves chat with content parts and counts tokens from the rendered messages', async () => {
     const res = await post('c0', '/v1/chat/completions', {
-      model: 'sim-model', max_tokens: 3,
-      messages: [{ role: 'system', content: 'abcd' }, { role: 'user', content: [{ type: 'text', text: 'efgh' }, { type: 'image_url', image_url: {} }] }],
+      model: 'sim-model',
+      max_tokens: 3,
+      messages: [
+        { role: 'system', content: 'abcd' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'efgh' },
+            { type: 'image_url', image_url: {} },
+          ],
+        },
+      ],
     });
     expect(res.status).toBe(200);
     const json = await res.json();

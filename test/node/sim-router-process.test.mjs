@@ -46,7 +46,10 @@ describe('startRouter', () => {
     }
     await expect(fetch(router.url + '/healthz')).rejects.toThrow();
     // nothing of the group still runs (exited workerd may linger as a zombie where init does not reap)
-    const left = execSync(`ps -o stat= -g ${router.pid} || true`).toString().split('\n').filter((s) => s.trim() && !s.trim().startsWith('Z'));
+    const left = execSync(`ps -o stat= -g ${router.pid} || true`)
+      .toString()
+      .split('\n')
+      .filter((s) => s.trim() && !s.trim().startsWith('Z'));
     expect(left).toEqual([]);
   }, 60000);
 });

@@ -7,7 +7,16 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { expectedPrefix, startSimCluster } from '../../sim/cluster.mjs';
 
 const PREFILL_PARAMS = { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null };
-const DEFAULTS = { timeScale: 0, prefillMsPerToken: 0.05, kvHoldTimeoutMs: 480000, rejectionReleasesHandle: true, sglangAbortGraceMs: 4000, sglangStreamAbortGraceMs: 50, healthGenerate: false, rejectDuplicateRequestIds: true };
+const DEFAULTS = {
+  timeScale: 0,
+  prefillMsPerToken: 0.05,
+  kvHoldTimeoutMs: 480000,
+  rejectionReleasesHandle: true,
+  sglangAbortGraceMs: 4000,
+  sglangStreamAbortGraceMs: 50,
+  healthGenerate: false,
+  rejectDuplicateRequestIds: true,
+};
 
 let cluster;
 const eng = (id) => cluster.engines.get(id);
@@ -70,7 +79,16 @@ describe('a vLLM handle is single-use', () => {
 
   it('answers a handle P never issued with wrong text', async () => {
     const body = { model: 'sim-model', prompt: 'x', max_tokens: 2 };
-    const kv = { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'p0', remote_request_id: 'nope', remote_block_ids: [0], remote_host: '127.0.0.1', remote_port: eng('p0').port, tp_size: 1 };
+    const kv = {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: 'p0',
+      remote_request_id: 'nope',
+      remote_block_ids: [0],
+      remote_host: '127.0.0.1',
+      remote_port: eng('p0').port,
+      tp_size: 1,
+    };
     const res = await decode('d0', body, kv);
     expect(res.status).toBe(200);
     expect(firstText(await res.json()).startsWith(expectedPrefix(body))).toBe(false);
@@ -147,8 +165,27 @@ describe('vLLM MooncakeConnector flow', () => {
   const mooncake = async (body, { engineId, addr, transferId = 'xfer-1', pTransferId = transferId } = {}) => {
     const query = await (await fetch(eng('p0').url + '/query')).json();
     const id = engineId ?? query['0'].engine_id;
-    const pRes = post('p0', '/v1/completions', { ...body, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, transfer_id: pTransferId } }, { 'x-request-id': 'm1' });
-    const dRes = post('d0', '/v1/completions', { ...body, kv_transfer_params: { do_remote_decode: false, do_remote_prefill: true, remote_bootstrap_addr: addr ?? `http://127.0.0.1:${eng('p0').bootstrapPort}`, remote_engine_id: id, transfer_id: transferId } }, { 'x-request-id': 'm1' });
+    const pRes = post(
+      'p0',
+      '/v1/completions',
+      { ...body, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, transfer_id: pTransferId } },
+      { 'x-request-id': 'm1' },
+    );
+    const dRes = post(
+      'd0',
+      '/v1/completions',
+      {
+        ...body,
+        kv_transfer_params: {
+          do_remote_decode: false,
+          do_remote_prefill: true,
+          remote_bootstrap_addr: addr ?? `http://127.0.0.1:${eng('p0').bootstrapPort}`,
+          remote_engine_id: id,
+          transfer_id: transferId,
+        },
+      },
+      { 'x-request-id': 'm1' },
+    );
     return { p: await pRes, d: await dRes, engineId: id };
   };
 
@@ -172,7 +209,8 @@ describe('vLLM MooncakeConnector flow', () => {
 });
 
 describe('SGLang prefill leg', () => {
-  const room = (prompt, extra = '') => `{"model":"sim-model","prompt":"${prompt}","max_tokens":3${extra},"bootstrap_host":"127.0.0.1","bootstrap_port":${eng('p0').bootstrapPort},"bootstrap_room":12345678901234567890}`;
+  const room = (prompt, extra = '') =>
+    `{"model":"sim-model","prompt":"${prompt}","max_tokens":3${extra},"bootstrap_host":"127.0.0.1","bootstrap_port":${eng('p0').bootstrapPort},"bootstrap_room":12345678901234567890}`;
 
   it('sends stream headers at once and the body after the prefill', async () => {
     eng('p0').setOptions({ timeScale: 1, prefillMsPerToken: 1 }); // 'x'*800 -> 200 tokens -> 200 ms

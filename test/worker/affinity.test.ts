@@ -100,7 +100,10 @@ describe("affinity: every turn of a conversation keeps its P and D, and conversa
 
   const expectFixedPlacement = (placements: Array<{ id: string; turns: Placement[] }>) => {
     for (const { id, turns } of placements) {
-      expect(turns.map((t) => t.status), id).toEqual([200, 200, 200, 200]);
+      expect(
+        turns.map((t) => t.status),
+        id,
+      ).toEqual([200, 200, 200, 200]);
       expect(new Set(turns.map((t) => t.p)).size, `${id} P: ${turns.map((t) => t.p)}`).toBe(1);
       expect(new Set(turns.map((t) => t.d)).size, `${id} D: ${turns.map((t) => t.d)}`).toBe(1);
     }
@@ -115,7 +118,10 @@ describe("affinity: every turn of a conversation keeps its P and D, and conversa
     const placements = await runConversations(ids, 6);
     expectFixedPlacement(placements);
     const fair = ids.length / 3;
-    for (const [role, nodes] of [["p", P3], ["d", D3]] as const) {
+    for (const [role, nodes] of [
+      ["p", P3],
+      ["d", D3],
+    ] as const) {
       const counts = tally(placements.map((c) => c.turns[0]![role]));
       for (const n of nodes) {
         expect(counts[n.id] ?? 0, `${n.id} in ${JSON.stringify(counts)}`).toBeGreaterThan(0);
@@ -129,7 +135,10 @@ describe("affinity: every turn of a conversation keeps its P and D, and conversa
 
   it("at the default loadFactor, conversations one after another keep their P and D (releases land before the next turn)", async () => {
     await putCluster({ protocol: "vllm", policy: affinity, nodes: [...P3, ...D3] });
-    const placements = await runConversations(Array.from({ length: 8 }, (_, i) => `${RUN}-seq${i}`), 1);
+    const placements = await runConversations(
+      Array.from({ length: 8 }, (_, i) => `${RUN}-seq${i}`),
+      1,
+    );
     expectFixedPlacement(placements);
     await expectNoLoad();
   });
@@ -161,8 +170,10 @@ describe("affinity key overrides: x-session-id, then body user, then the message
 
   it("the same conversation under different session ids is placed by the session id", async () => {
     const body = chatTurn(conversation(`${RUN}-one-conversation`, 1));
-    const placements = await inBatches(Array.from({ length: 10 }, (_, i) => `${RUN}-sid-${i}`), 5, (sid) =>
-      send("/v1/chat/completions", body, { "x-session-id": sid }),
+    const placements = await inBatches(
+      Array.from({ length: 10 }, (_, i) => `${RUN}-sid-${i}`),
+      5,
+      (sid) => send("/v1/chat/completions", body, { "x-session-id": sid }),
     );
     expect(placements.every((p) => p.status === 200)).toBe(true);
     expect(new Set(placements.map((p) => `${p.p}/${p.d}`)).size).toBeGreaterThanOrEqual(2);
@@ -182,7 +193,11 @@ describe("affinity key overrides: x-session-id, then body user, then the message
 
   it("the same conversation from different users is placed by the user", async () => {
     const body = (user: string) => chatTurn(conversation(`${RUN}-one-more`, 0), { user });
-    const placements = await inBatches(Array.from({ length: 10 }, (_, i) => `${RUN}-u${i}`), 5, (u) => send("/v1/chat/completions", body(u)));
+    const placements = await inBatches(
+      Array.from({ length: 10 }, (_, i) => `${RUN}-u${i}`),
+      5,
+      (u) => send("/v1/chat/completions", body(u)),
+    );
     expect(new Set(placements.map((p) => `${p.p}/${p.d}`)).size).toBeGreaterThanOrEqual(2);
   });
 
@@ -320,7 +335,10 @@ describe("bounded load through the Worker", () => {
     const [shared, [a, b]] = [...byD].find(([, list]) => list.length >= 2)! as [string, string[]];
     await fault(shared, { mode: "slow", delayMs: 1500 });
     const first = send("/v1/chat/completions", chat(`pair ${a}`), { "x-session-id": a! });
-    await waitFor(() => decodeLoads([shared]), ([l]) => l === 1);
+    await waitFor(
+      () => decodeLoads([shared]),
+      ([l]) => l === 1,
+    );
     // strict rule: the bound at T = 1 would be ceil(1.25 * 2 / 3) = 1 and b would move; with loadSlack 4 it is 5
     const dry = await explain(chat(`pair ${b}`), { "x-session-id": b! });
     expect(dry.decode.id).toBe(shared);
@@ -345,7 +363,10 @@ describe("bounded load through the Worker", () => {
     const launch = async () => {
       const total = (await decodeLoads(dIds)).reduce((a, b) => a + b, 0);
       pending.push(send("/v1/chat/completions", body, session));
-      const loads = await waitFor(() => decodeLoads(dIds), (l) => l.reduce((a, b) => a + b, 0) === total + 1);
+      const loads = await waitFor(
+        () => decodeLoads(dIds),
+        (l) => l.reduce((a, b) => a + b, 0) === total + 1,
+      );
       const sum = loads.reduce((a, b) => a + b, 0);
       expect(sum).toBe(total + 1);
       // bounded load: no node above ceil(loadFactor * T / n) for T in flight
@@ -382,10 +403,26 @@ describe("bounded load through the Worker", () => {
   it("least_load: with streams held open on one D, a new request goes to an idle D", async () => {
     const policy = { prefill: "least_load", decode: "least_load" };
     const session = { "x-session-id": `${RUN}-least` };
-    await putCluster({ protocol: "vllm", policy, nodes: [{ id: "p0", role: "prefill" }, { id: "slow", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
     const held = await Promise.all([0, 1, 2].map(() => openStream(chat("keep decoding", { stream: true, max_tokens: 300 }), session)));
     expect(held.map((h) => h.decode)).toEqual(["slow", "slow", "slow"]);
-    await putCluster({ protocol: "vllm", policy, nodes: [{ id: "p0", role: "prefill" }, { id: "slow", role: "decode" }, { id: "d0", role: "decode" }, { id: "d1", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+    });
 
     const dry = await explain(chat("keep decoding"), session);
     expect(dry.rule.decode).toBe("least_load");
@@ -424,20 +461,38 @@ describe("load release: the in-flight counters return to zero", () => {
   });
 
   it("after the client aborts mid-stream", async () => {
-    await putCluster({ protocol: "vllm", policy: affinity, nodes: [{ id: "p0", role: "prefill" }, { id: "slow", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: affinity,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
     const streams = await Promise.all([0, 1, 2].map((i) => openStream(chat(`${RUN} abort ${i}`, { stream: true, max_tokens: 300 }))));
     const during = await snapshot();
     expect(during.nodes.find((n) => n.id === "slow")!.inflight.decode).toBe(3);
     expect(during.leases).toBeGreaterThanOrEqual(3);
     await Promise.all(streams.map((s) => s.drop()));
     await expectNoLoad();
-    const stats = await waitFor(() => control("/engines/slow/stats"), (s: any) => s.inflight === 0);
+    const stats = await waitFor(
+      () => control("/engines/slow/stats"),
+      (s: any) => s.inflight === 0,
+    );
     expect(stats.inflight).toBe(0);
   });
 
   it("after the decode node answers 500 (only D: 502; with another D: failover, one lease moved)", async () => {
     const health = { ejectAfter: 100 };
-    await putCluster({ protocol: "vllm", policy: affinity, health, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: affinity,
+      health,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("d0", { mode: "status500", count: 1 });
     const failed = await send("/v1/chat/completions", chat(`${RUN} d500`));
     expect(failed.status).toBe(502);
@@ -455,7 +510,15 @@ describe("load release: the in-flight counters return to zero", () => {
 
   it("after the prefill node resets the connection (only P: 502; with another P: failover)", async () => {
     const health = { ejectAfter: 100 };
-    await putCluster({ protocol: "vllm", policy: affinity, health, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: affinity,
+      health,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("p0", { mode: "reset", count: 1 });
     const failed = await send("/v1/chat/completions", chat(`${RUN} preset`));
     expect(failed.status).toBe(502);

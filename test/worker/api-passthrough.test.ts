@@ -80,7 +80,15 @@ describe("one hop: /tokenize and /detokenize", () => {
   beforeEach(async () => {
     await resetSim();
     await resetClusterState();
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }, { id: "d1", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+    });
   });
   afterEach(async () => {
     await control("/engines/d0/start", {});
@@ -141,7 +149,14 @@ describe("one hop: /tokenize and /detokenize", () => {
   });
 
   it("every node down: a 502/503 envelope, the lease released", async () => {
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await control("/engines/d0/stop", {});
     const res = await post("/tokenize", { model: "sim-model", prompt: "x" });
     expect([502, 503]).toContain(res.status);
@@ -196,7 +211,10 @@ describe("SGLang's native /generate", () => {
       if (stream) {
         expect(res.headers.get("content-type")).toContain("text/event-stream");
         expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
-        const frames = text.split("\n\n").filter((f) => f.startsWith("data: {")).map((f) => JSON.parse(f.slice(6)));
+        const frames = text
+          .split("\n\n")
+          .filter((f) => f.startsWith("data: {"))
+          .map((f) => JSON.parse(f.slice(6)));
         expect(frames).toHaveLength(4);
         expect(frames.at(-1).meta_info.completion_tokens).toBe(4);
       } else {
@@ -235,7 +253,10 @@ describe("SGLang's native /generate", () => {
       const text = await res.text();
       if (stream) {
         expect(text).toContain("data: [DONE]");
-        const frames = text.split("\n\n").filter((f) => f.startsWith("data: {")).map((f) => JSON.parse(f.slice(6)));
+        const frames = text
+          .split("\n\n")
+          .filter((f) => f.startsWith("data: {"))
+          .map((f) => JSON.parse(f.slice(6)));
         expect(new Set(frames.map((f) => f.index))).toEqual(new Set([0, 1, 2]));
       } else {
         const json = JSON.parse(text);
@@ -275,7 +296,14 @@ describe("SGLang's native /generate", () => {
 
   it("under protocol vllm or colocated: 404, nothing forwarded", async () => {
     for (const cluster of [
-      { protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" as const }, { id: "d0", role: "decode" as const }] },
+      {
+        protocol: "vllm",
+        policy: rr,
+        nodes: [
+          { id: "p0", role: "prefill" as const },
+          { id: "d0", role: "decode" as const },
+        ],
+      },
       { protocol: "colocated", policy: rr, nodes: [{ id: "c0", role: "both" as const }] },
     ]) {
       await putCluster(cluster);

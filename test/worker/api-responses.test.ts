@@ -46,7 +46,14 @@ const EVENT_ORDER = [
 describe("POST /v1/responses under vllm: P then D with kv_transfer_params", () => {
   beforeEach(async () => {
     await resetSim();
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
   });
 
   it("non-streamed: P gets one output token and a handle request, D the client's body plus P's handle; usage from P", async () => {
@@ -297,7 +304,14 @@ describe("POST /v1/responses: a stored response's D is kept under every policy",
 describe("POST /v1/responses validation", () => {
   beforeEach(async () => {
     await resetSim();
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
   });
   afterEach(() => vi.restoreAllMocks());
 
@@ -324,7 +338,14 @@ describe("POST /v1/responses validation", () => {
     const bad = await post("/v1/responses", "{not json");
     expect(bad.status).toBe(400);
     expect(((await bad.json()) as any).error.code).toBe("invalid_json");
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill", models: ["sim-model"] }, { id: "d0", role: "decode", models: ["sim-model"] }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill", models: ["sim-model"] },
+        { id: "d0", role: "decode", models: ["sim-model"] },
+      ],
+    });
     const missing = await post("/v1/responses", responsesBody("x", { model: "other-model" }));
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as any).error).toMatchObject({ code: "model_not_found", param: "model" });

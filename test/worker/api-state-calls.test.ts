@@ -44,7 +44,13 @@ describe("one Durable Object round trip before the response", () => {
   ];
 
   it.each(cases)("%s %s (%s), streamed and not", async (protocol, path, _, body) => {
-    const nodes = protocol === "colocated" ? [{ id: "c0", role: "both" as const }] : [{ id: "p0", role: "prefill" as const }, { id: "d0", role: "decode" as const }];
+    const nodes =
+      protocol === "colocated"
+        ? [{ id: "c0", role: "both" as const }]
+        : [
+            { id: "p0", role: "prefill" as const },
+            { id: "d0", role: "decode" as const },
+          ];
     await putCluster({ protocol, policy: rr, nodes });
     // the first request after a document change hands the object the new view (a second route call)
     await (await post(path, body(false))).text();
@@ -64,7 +70,14 @@ describe("one Durable Object round trip before the response", () => {
   });
 
   it("a D slow to answer: P's report goes out while D works, and the response still waited for one call", async () => {
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await (await post("/v1/chat/completions", chat("warm"))).text();
     await expectNoLoad();
     for (const stream of [false, true]) {
@@ -82,7 +95,14 @@ describe("one Durable Object round trip before the response", () => {
   });
 
   it("a one-hop request: route and finish", async () => {
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await (await post("/tokenize", { model: "sim-model", prompt: "warm" })).text();
     await expectNoLoad();
     const entry = await logged("hot-tokenize", async () => {

@@ -39,7 +39,14 @@ describe("trace context reaches both legs", () => {
   afterEach(() => vi.restoreAllMocks());
 
   it.each(["vllm", "sglang"])("%s: the client's trace id on P and D, a new parent id, flags and tracestate kept; the trace id logged", async (protocol) => {
-    await putCluster({ protocol, policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol,
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     for (const stream of [false, true]) {
       for (const flags of ["01", "00"]) {
         await resetSim();
@@ -87,7 +94,14 @@ describe("trace context reaches both legs", () => {
   });
 
   it("without a traceparent the router starts a trace: one trace id for both legs and the log line", async () => {
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const ids = new Set<string>();
     for (let i = 0; i < 2; i++) {
       await resetSim();
@@ -120,7 +134,14 @@ describe("trace context reaches both legs", () => {
     ["short trace id", `00-${CLIENT_TRACE.slice(2)}-${CLIENT_SPAN}-01`],
   ])("an invalid traceparent (%s) starts a new trace and drops tracestate", async (_, traceparent) => {
     await resetSim();
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const res = await post("/v1/chat/completions", chat("bad trace"), { traceparent, tracestate: "congo=t61rcWkgMzE" });
     expect(res.status).toBe(200);
     await res.text();

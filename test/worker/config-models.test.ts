@@ -15,7 +15,13 @@ function config(doc: unknown): ClusterConfig {
 describe("GET /v1/models does not fan out to every node on every call", () => {
   it("reuses the union per document version for a while (a node that went away is not asked again)", async () => {
     // c1 is used by no other forwarding test: stopping it briefly disturbs nobody
-    await putCluster({ protocol: "colocated", nodes: [{ id: "c1", role: "both" }, { id: "c0", role: "both", models: ["listed"] }] });
+    await putCluster({
+      protocol: "colocated",
+      nodes: [
+        { id: "c1", role: "both" },
+        { id: "c0", role: "both", models: ["listed"] },
+      ],
+    });
     expect(await models()).toEqual(["listed", "sim-model"]);
     await control("/engines/c1/stop", {});
     try {
@@ -25,7 +31,13 @@ describe("GET /v1/models does not fan out to every node on every call", () => {
       await control("/engines/c1/start", {});
     }
     // a new document version asks again
-    await putCluster({ protocol: "colocated", nodes: [{ id: "c1", role: "both" }, { id: "c0", role: "both", models: ["other"] }] });
+    await putCluster({
+      protocol: "colocated",
+      nodes: [
+        { id: "c1", role: "both" },
+        { id: "c0", role: "both", models: ["other"] },
+      ],
+    });
     expect(await models()).toEqual(["other", "sim-model"]);
   });
 });
@@ -41,7 +53,13 @@ describe("listModels: how nodes are asked", () => {
 
   it("sends the node's bearer token (apiKeySecret) and follows no redirect", async () => {
     seen.length = 0;
-    const cfg = config({ protocol: "colocated", nodes: [{ id: "a", url: "http://10.0.0.1:8000", role: "both", apiKeySecret: "NODE_TOKEN_P0" }, { id: "b", url: "http://10.0.0.2:8000", role: "both" }] });
+    const cfg = config({
+      protocol: "colocated",
+      nodes: [
+        { id: "a", url: "http://10.0.0.1:8000", role: "both", apiKeySecret: "NODE_TOKEN_P0" },
+        { id: "b", url: "http://10.0.0.2:8000", role: "both" },
+      ],
+    });
     const names = await listModels(cfg, {
       env: env as unknown as Record<string, unknown>,
       fetch: fakeFetch(() => Response.json({ data: [{ id: "m1" }] })),

@@ -37,7 +37,12 @@ describe("batched /v1/completions: one P/D pair per prompt, one merged answer", 
       expect(s.foreignHandleReads).toBe(0);
     }
     // every handle P issued was read: none left held for the timeout
-    const p = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 2000, "p0 holds no handle");
+    const p = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      2000,
+      "p0 holds no handle",
+    );
     expect(p.issuedHandles).toBe(p.consumedHandles + p.releasedHandles);
   }
 

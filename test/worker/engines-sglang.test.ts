@@ -7,7 +7,7 @@ import { answerText, expectedPrefix, longPrompt, setOptions, sleep, sseEvents, s
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 const sglang = (nodes: NodeSpec[], extra: Record<string, unknown> = {}) => putCluster({ protocol: "sglang", policy: rr, nodes, ...extra });
-const P = (id: string): NodeSpec => ({ id, role: "prefill" });
+const _P = (id: string): NodeSpec => ({ id, role: "prefill" });
 const D = (id: string): NodeSpec => ({ id, role: "decode" });
 
 /** pslow's SGLang bootstrap port is its HTTP port (the document's default is 8998). */
@@ -63,7 +63,12 @@ describe("sglang: P's response is kept open and read to its end", () => {
     const res = await post("/v1/chat/completions", chat(longPrompt("sglang D fails", 8000), { stream: true }));
     expect(res.status).toBe(502);
     await res.text();
-    const p = await waitFor(() => stats("pslow"), (s) => s.sglangAborts >= 1, 3000, "P aborted");
+    const p = await waitFor(
+      () => stats("pslow"),
+      (s) => s.sglangAborts >= 1,
+      3000,
+      "P aborted",
+    );
     expect(p.sglangAborts).toBe(1);
     await expectNoLoad();
   });
@@ -84,11 +89,21 @@ describe("sglang: P's response is kept open and read to its end", () => {
       body: JSON.stringify(chat(longPrompt("sglang leaves", 8000), { stream: true })),
       signal: controller.signal,
     });
-    await waitFor(() => stats("pslow"), (s) => s.inflight >= 1, 3000, "P got the request");
+    await waitFor(
+      () => stats("pslow"),
+      (s) => s.inflight >= 1,
+      3000,
+      "P got the request",
+    );
     await sleep(50);
     controller.abort();
     await expect(pending).rejects.toThrow();
-    const p = await waitFor(() => stats("pslow"), (s) => s.sglangAborts >= 1, 3000, "P aborted");
+    const p = await waitFor(
+      () => stats("pslow"),
+      (s) => s.sglangAborts >= 1,
+      3000,
+      "P aborted",
+    );
     expect(p.sglangAborts).toBe(1);
     await expectNoLoad();
   });
@@ -106,7 +121,12 @@ describe("sglang health probes: a loaded node with a slow, generating /health do
     expect((await post("/v1/chat/completions", chat("arm the alarm"))).status).toBe(200);
     // keep P busy for ~3 s of prefills
     const load = Array.from({ length: 8 }, (_, i) => post("/v1/chat/completions", chat(longPrompt(`busy ${i}`, 8000))).then((r) => r.text()));
-    await waitFor(() => stats("pslow"), (s) => s.inflight >= 3, 3000, "P busy");
+    await waitFor(
+      () => stats("pslow"),
+      (s) => s.inflight >= 3,
+      3000,
+      "P busy",
+    );
     // a /health on the busy P takes longer than the probe timeout (intervalMs / 2) would allow
     const started = Date.now();
     const health = await fetch(`${engineUrl("pslow")}/health`);

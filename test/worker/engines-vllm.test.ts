@@ -3,7 +3,7 @@
 import { SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot, type NodeSpec } from "./helpers";
-import { allStats, answerText, expectedPrefix, failuresByNode, kvParamsReceived, longPrompt, sleep, sseEvents, stats, streamedText, waitFor } from "./engines-helpers";
+import { allStats, answerText, expectedPrefix, failuresByNode, kvParamsReceived, longPrompt, sseEvents, stats, streamedText, waitFor } from "./engines-helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 const vllm = (nodes: NodeSpec[], extra: Record<string, unknown> = {}) => putCluster({ protocol: "vllm", policy: rr, nodes, ...extra });
@@ -52,7 +52,12 @@ describe("a vLLM KV handle is single-use: a D retry gets a fresh handle from P",
     expect((await stats("d1")).staleHandleReads).toBe(0);
     expect((await stats("d1")).foreignHandleReads).toBe(0);
     // the failed attempt's handle is read by no D: it is released, not held for kvHoldTimeoutMs
-    const held = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 2000, "p0 holds no handle");
+    const held = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      2000,
+      "p0 holds no handle",
+    );
     expect(held.expiredHandles).toBe(0);
     await expectNoLoad();
   });
@@ -71,7 +76,12 @@ describe("prefill blocks that no D will read are released promptly", () => {
       expect(res.status).toBe(200);
       expect(answerText(await res.json()).startsWith(expectedPrefix(body))).toBe(true);
     }
-    const p0 = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 2000, "p0 holds no handle");
+    const p0 = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      2000,
+      "p0 holds no handle",
+    );
     expect(p0.heldBlocks).toBe(0);
     expect(p0.expiredHandles).toBe(0);
     expect(p0.consumedHandles).toBe(2);
@@ -97,12 +107,22 @@ describe("prefill blocks that no D will read are released promptly", () => {
       body: JSON.stringify(chat(longPrompt("abandoned", 2000))),
       signal: controller.signal,
     });
-    await waitFor(() => stats("d0"), (s) => s.inflight >= 1, 3000, "d0 got the request");
+    await waitFor(
+      () => stats("d0"),
+      (s) => s.inflight >= 1,
+      3000,
+      "d0 got the request",
+    );
     expect((await stats("p0")).heldHandles).toBe(1);
     controller.abort();
     await expect(pending).rejects.toThrow();
     const started = Date.now();
-    const p0 = await waitFor(() => stats("p0"), (s) => s.heldHandles === 0, 3000, "p0 holds no handle");
+    const p0 = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      3000,
+      "p0 holds no handle",
+    );
     expect(Date.now() - started).toBeLessThan(3000);
     expect(p0.releasedHandles).toBe(1);
     expect(p0.heldBlocks).toBe(0);
@@ -133,7 +153,12 @@ describe("prefill blocks that no D will read are released promptly", () => {
       }),
     );
     expect(outcomes.some((o) => o === "aborted")).toBe(true);
-    const p = await waitFor(() => stats("pslow"), (s) => s.heldHandles === 0, 3000, "pslow holds no handle");
+    const p = await waitFor(
+      () => stats("pslow"),
+      (s) => s.heldHandles === 0,
+      3000,
+      "pslow holds no handle",
+    );
     expect(p.issuedHandles).toBe(p.consumedHandles + p.releasedHandles);
     expect(p.expiredHandles).toBe(0);
     await expectNoLoad();

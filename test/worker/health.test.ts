@@ -97,7 +97,13 @@ describe("a decode node that dies mid-stream", () => {
   beforeEach(healAll);
 
   it("gives the client an error event, never [DONE], counts a failure and releases the load", async () => {
-    await putCluster({ ...twoByTwo(), nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      ...twoByTwo(),
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("d0", { mode: "midstream", afterChunks: 1 });
     const res = await post("/v1/chat/completions", chat("mid", { stream: true, max_tokens: 10 }));
     expect(res.status).toBe(200);
@@ -216,7 +222,7 @@ describe("200 concurrent requests with random client aborts", () => {
       ],
     });
     let seed = 42;
-    const random = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
     const results = await Promise.all(
       Array.from({ length: 200 }, async (_, i) => {
         const controller = new AbortController();

@@ -8,7 +8,16 @@ export const engineUrl = (id: string) => {
   return url;
 };
 
-export type NodeSpec = { id: string; role: "prefill" | "decode" | "both"; group?: string; weight?: number; drain?: boolean; models?: string[]; apiKeySecret?: string; url?: string };
+export type NodeSpec = {
+  id: string;
+  role: "prefill" | "decode" | "both";
+  group?: string;
+  weight?: number;
+  drain?: boolean;
+  models?: string[];
+  apiKeySecret?: string;
+  url?: string;
+};
 
 /** Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once. */
 export async function putCluster(doc: Record<string, unknown> & { nodes: NodeSpec[] }) {

@@ -9,7 +9,16 @@ const client = new OpenAI({ apiKey: "unused", baseURL: "http://router/v1", fetch
 describe("the official openai client works against the router", () => {
   beforeAll(async () => {
     await resetSim();
-    await putCluster({ protocol: "vllm", policy: { prefill: "affinity", decode: "affinity" }, nodes: [{ id: "p0", role: "prefill" }, { id: "p1", role: "prefill" }, { id: "d0", role: "decode" }, { id: "d1", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "affinity", decode: "affinity" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "p1", role: "prefill" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+    });
   });
 
   it("chat, non-streaming", async () => {
@@ -19,7 +28,13 @@ describe("the official openai client works against the router", () => {
   });
 
   it("chat, streaming with usage", async () => {
-    const stream = await client.chat.completions.create({ model: "sim-model", messages: [{ role: "user", content: "Count" }], max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      model: "sim-model",
+      messages: [{ role: "user", content: "Count" }],
+      max_tokens: 6,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     let text = "";
     let usage: OpenAI.CompletionUsage | null | undefined;
     for await (const chunk of stream) {
@@ -44,6 +59,9 @@ describe("the official openai client works against the router", () => {
   it("models, and errors surface as APIError with the envelope", async () => {
     const models = await client.models.list();
     expect(models.data.map((m) => m.id)).toContain("sim-model");
-    await expect(client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] })).rejects.toMatchObject({ status: 404, message: expect.stringContaining("nope") });
+    await expect(client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] })).rejects.toMatchObject({
+      status: 404,
+      message: expect.stringContaining("nope"),
+    });
   });
 });

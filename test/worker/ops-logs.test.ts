@@ -7,7 +7,13 @@ describe("request logs", () => {
 
   it("write one JSON line per request with ids and timings, never prompt text or keys", async () => {
     await resetSim();
-    await putCluster({ protocol: "vllm", nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const lines: string[] = [];
     const capture = (...args: unknown[]) => void lines.push(args.map(String).join(" "));
     vi.spyOn(console, "log").mockImplementation(capture);

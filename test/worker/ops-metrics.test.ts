@@ -64,7 +64,14 @@ describe("GET /metrics", () => {
     expect(seriesValue(text, 'pd_router_node_requests_total{node="c1",role="prefill"}')).toBe(0);
     expect(seriesValue(text, 'pd_router_node_requests_total{node="c1",role="decode"}')).toBe(0);
     expect(seriesValue(text, "pd_router_config_valid")).toBe(1);
-    for (const family of ["pd_router_requests_total", "pd_router_route_decisions_total", "pd_router_decode_ttfb_seconds", "pd_router_prefill_seconds", "pd_router_prefix_hit_ratio", "pd_router_key_requests_total"]) {
+    for (const family of [
+      "pd_router_requests_total",
+      "pd_router_route_decisions_total",
+      "pd_router_decode_ttfb_seconds",
+      "pd_router_prefill_seconds",
+      "pd_router_prefix_hit_ratio",
+      "pd_router_key_requests_total",
+    ]) {
       expect(text).toContain(`# TYPE ${family} `);
     }
     expect(text).toContain('pd_router_decode_ttfb_seconds_bucket{le="+Inf"}');
@@ -72,7 +79,14 @@ describe("GET /metrics", () => {
 
   it("counts routed requests, requests refused before routing, decisions, latency and per-key requests", async () => {
     await resetSim();
-    await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const before = await metricsText();
     const v = (text: string, s: string) => seriesValue(text, s) ?? 0;
     const label = await keyLabel(KEY);

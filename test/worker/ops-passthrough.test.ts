@@ -23,7 +23,14 @@ const send = (path: string, body: unknown, headers: Record<string, string>) =>
 describe("client auth on the pass-through and native routes", () => {
   it("401 without a key or with a wrong one, nothing forwarded; 200 with a key, which no node sees", async () => {
     await resetSim();
-    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "sglang",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     for (const [path, body] of ROUTES) {
       for (const headers of [{}, bearer("sk-not-a-key")]) {
         const res = await send(path, body, headers);

@@ -32,7 +32,13 @@ describe("status page", () => {
   });
 
   it("GET /status.json needs the admin token and lists nodes and the routing mix", async () => {
-    await putCluster({ protocol: "vllm", nodes: [{ id: "p0", role: "prefill", group: "rack-a" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      nodes: [
+        { id: "p0", role: "prefill", group: "rack-a" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     expect((await call("/status.json")).status).toBe(401);
     expect((await call("/status.json", { headers: bearer(KEY) })).status).toBe(401);
     const res = await admin("/status.json");

@@ -1,6 +1,6 @@
 import { env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, engineSawAbort } from "./helpers";
+import { chat, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, engineSawAbort } from "./helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 
@@ -40,7 +40,14 @@ describe("sglang protocol: concurrent legs with a bootstrap room", () => {
   });
 
   it("a client cannot steer the KV transfer itself", async () => {
-    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "sglang",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const res = await post("/v1/chat/completions", chat("x", { bootstrap_host: "evil.example", kv_transfer_params: { remote_host: "evil" } }));
     expect(res.status).toBe(200);
     const [p] = await received("p0");
@@ -56,7 +63,14 @@ describe("sglang: a failed leg aborts its partner", () => {
   });
 
   it("when P fails, D (waiting for the KV) is aborted and the client gets a 502", async () => {
-    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "sglang",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("p0", { mode: "status500" });
     const res = await post("/v1/chat/completions", chat("x", { stream: true }));
     expect(res.status).toBe(502);
@@ -66,7 +80,11 @@ describe("sglang: a failed leg aborts its partner", () => {
   });
 
   it("fails over to another P with a fresh room", async () => {
-    await putCluster({ protocol: "sglang", policy: rr, nodes: [{ id: "p0", role: "prefill" }, { id: "p1", role: "prefill", bootstrapPort: 9123 } as any, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "sglang",
+      policy: rr,
+      nodes: [{ id: "p0", role: "prefill" }, { id: "p1", role: "prefill", bootstrapPort: 9123 } as any, { id: "d0", role: "decode" }],
+    });
     await fault("p0", { mode: "status500" });
     const statuses: string[] = [];
     for (let i = 0; i < 3; i++) {
@@ -105,7 +123,14 @@ describe("node credentials", () => {
   beforeEach(resetSim);
 
   it("sends the bearer token from the secret a node names, and never the client's", async () => {
-    await putCluster({ protocol: "vllm", policy: rr, nodes: [{ id: "p0", role: "prefill", apiKeySecret: "NODE_TOKEN_P0" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill", apiKeySecret: "NODE_TOKEN_P0" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     const res = await post("/v1/chat/completions", chat("x"), { authorization: "Bearer client-key" });
     expect(res.status).toBe(200);
     expect((await received("p0"))[0]!.headers.authorization).toBe("Bearer node-secret-p0");
@@ -146,7 +171,12 @@ describe("round robin across P and D, shared by every isolate through the Durabl
     const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any, state: DurableObjectState) => unknown) => Promise<any>;
     const [memory, stored] = await run(stub, (instance, state) => [
       { ...instance.cursors },
-      Object.fromEntries(state.storage.sql.exec<{ pool: string; value: number }>("SELECT pool, value FROM cursor").toArray().map((r) => [r.pool, r.value])),
+      Object.fromEntries(
+        state.storage.sql
+          .exec<{ pool: string; value: number }>("SELECT pool, value FROM cursor")
+          .toArray()
+          .map((r) => [r.pool, r.value]),
+      ),
     ]);
     expect(stored).toEqual(memory);
     expect(memory.prefill).toBeGreaterThanOrEqual(12);

@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, P3, D3, type NodeSpec } from "./helpers";
+import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, P3, D3 } from "./helpers";
 
 // POST /v1/route (SPEC 3, issue 3 item 6): the decision a body would get, explained, with nothing
 // forwarded and no lease taken.
@@ -52,7 +52,10 @@ describe("POST /v1/route answers the decision with its reasons", () => {
     expect(json.decode).toMatchObject({ id: expect.stringMatching(/^d[012]$/), rule: "affinity" });
     expect(json.rule).toEqual({ prefill: "affinity", decode: "affinity" });
     expect(json.key).toMatchObject({ source: "chat_prefix", hash: expect.stringMatching(/^[0-9a-f]{64}$/) });
-    for (const [role, pool] of [["prefill", P3], ["decode", D3]] as const) {
+    for (const [role, pool] of [
+      ["prefill", P3],
+      ["decode", D3],
+    ] as const) {
       const candidates: any[] = json.candidates[role];
       expect(candidates.map((c) => c.id).sort()).toEqual(pool.map((n) => n.id));
       for (const c of candidates) {
@@ -69,7 +72,13 @@ describe("POST /v1/route answers the decision with its reasons", () => {
   });
 
   it("the key is stable across turns and names its source: session, user, chat prefix, prompt prefix", async () => {
-    const turn1 = { model: "sim-model", messages: [{ role: "system", content: "Be brief." }, { role: "user", content: `first ${RUN}` }] };
+    const turn1 = {
+      model: "sim-model",
+      messages: [
+        { role: "system", content: "Be brief." },
+        { role: "user", content: `first ${RUN}` },
+      ],
+    };
     const turn2 = { ...turn1, messages: [...turn1.messages, { role: "assistant", content: "ok" }, { role: "user", content: "and then?" }] };
     const a = (await explain(turn1)).json;
     const b = (await explain(turn2)).json;
@@ -87,7 +96,9 @@ describe("POST /v1/route answers the decision with its reasons", () => {
     expect(completion.key.source).toBe("prompt_prefix");
     // only the first 512 characters decide
     const long = "x".repeat(512);
-    expect((await explain({ model: "sim-model", prompt: `${long} tail one` })).json.key.hash).toBe((await explain({ model: "sim-model", prompt: `${long} tail two` })).json.key.hash);
+    expect((await explain({ model: "sim-model", prompt: `${long} tail one` })).json.key.hash).toBe(
+      (await explain({ model: "sim-model", prompt: `${long} tail two` })).json.key.hash,
+    );
   });
 
   it("never shows the raw prompt, user or session id: the key is a hash", async () => {
@@ -191,7 +202,7 @@ describe("POST /v1/route answers the decision with its reasons", () => {
   // property for structured output) is parsed as chat and refused with 400, while the real
   // /v1/completions serves it. Fix: decide on the parsed top level, e.g. chat when the parsed
   // object has an own `messages` field (or `prompt` is absent), completion otherwise.
-  it("a completions body with a nested \"messages\" key is explained, not refused", async () => {
+  it('a completions body with a nested "messages" key is explained, not refused', async () => {
     const body = {
       model: "sim-model",
       prompt: `Summarise the thread as JSON ${RUN}`,
@@ -234,7 +245,14 @@ describe("POST /v1/route under the other policies", () => {
       nodes: [...P3, ...D3],
     });
     const system = `Shared handbook ${RUN}. ` + "Every answer cites the handbook section it relies on. ".repeat(40);
-    const turn1 = { model: "sim-model", max_tokens: 3, messages: [{ role: "system", content: system }, { role: "user", content: `question ${RUN}` }] };
+    const turn1 = {
+      model: "sim-model",
+      max_tokens: 3,
+      messages: [
+        { role: "system", content: system },
+        { role: "user", content: `question ${RUN}` },
+      ],
+    };
     const cold = (await explain(turn1)).json;
     expect(cold.key.prefixBlocks).toBeGreaterThanOrEqual(8);
     for (const role of ["prefill", "decode"] as const) {
@@ -249,7 +267,10 @@ describe("POST /v1/route under the other policies", () => {
     expect(["cache_aware", "sticky"]).toContain(warm.rule.prefill);
     expect(["cache_aware", "sticky"]).toContain(warm.rule.decode);
     const blocks = warm.key.prefixBlocks;
-    for (const [role, chosen] of [["prefill", served.p], ["decode", served.d]] as const) {
+    for (const [role, chosen] of [
+      ["prefill", served.p],
+      ["decode", served.d],
+    ] as const) {
       const candidates: any[] = warm.candidates[role];
       expect(candidates.find((c) => c.id === chosen).matchedBlocks, role).toBe(blocks);
       for (const c of candidates.filter((c) => c.id !== chosen)) expect(c.matchedBlocks, `${role} ${c.id}`).toBe(0);
@@ -268,7 +289,14 @@ describe("POST /v1/route under the other policies", () => {
   });
 
   it("colocated: one node named for both legs, nothing forwarded", async () => {
-    await putCluster({ protocol: "colocated", policy: affinity, nodes: [{ id: "c0", role: "both" }, { id: "c1", role: "both" }] });
+    await putCluster({
+      protocol: "colocated",
+      policy: affinity,
+      nodes: [
+        { id: "c0", role: "both" },
+        { id: "c1", role: "both" },
+      ],
+    });
     const { json } = await explain(chat(`colocated ${RUN}`));
     expect(json.prefill.id).toBe(json.decode.id);
     expect(json.rule.prefill).toBe("colocated");

@@ -85,7 +85,10 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     const { text } = await readAll(res);
     expect(text).toContain("event: error");
     expect(text).not.toContain("[DONE]");
-    const errorLine = text.split("\n").filter((l) => l.startsWith("data:")).at(-1)!;
+    const errorLine = text
+      .split("\n")
+      .filter((l) => l.startsWith("data:"))
+      .at(-1)!;
     expect(JSON.parse(errorLine.slice(5)).error.type).toBe("upstream_error");
     await expectNoLoad();
   });
@@ -117,7 +120,14 @@ describe("upstream failures before streaming are proper error responses", () => 
   });
 
   it("a 500 from the only decode node gives a 502 envelope and no stream", async () => {
-    await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("d0", { mode: "status500" });
     const res = await post("/v1/chat/completions", chat("x", { stream: true }));
     expect(res.status).toBe(502);
@@ -129,7 +139,14 @@ describe("upstream failures before streaming are proper error responses", () => 
   });
 
   it("a node's 400 is passed on as the client's error", async () => {
-    await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }] });
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
     await fault("p0", { mode: "status400" });
     const res = await post("/v1/chat/completions", chat("x"));
     expect(res.status).toBe(400);
@@ -142,7 +159,10 @@ describe("upstream failures before streaming are proper error responses", () => 
       protocol: "vllm",
       policy: { prefill: "round_robin", decode: "round_robin" },
       timeouts: { prefillMs: 300, decodeFirstByteMs: 300 },
-      nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode" }],
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
     });
     await fault("p0", { mode: "hang" });
     const res = await post("/v1/chat/completions", chat("x"));

@@ -61,7 +61,12 @@ describe("bad request bodies get a 400 envelope naming the field", () => {
         controller.enqueue(chunk);
       },
     });
-    const res = await SELF.fetch("http://router/v1/chat/completions", { method: "POST", body: stream, headers: { "content-type": "application/json" }, duplex: "half" } as RequestInit);
+    const res = await SELF.fetch("http://router/v1/chat/completions", {
+      method: "POST",
+      body: stream,
+      headers: { "content-type": "application/json" },
+      duplex: "half",
+    } as RequestInit);
     await expectEnvelope(res, 413, null, "request_too_large");
   });
   it("an unknown route is a 404 envelope", async () => {
@@ -85,7 +90,12 @@ describe("GET /v1/models and /healthz", () => {
     expect(body.data.map((m: any) => m.id)).toEqual(["other-model", "sim-model"]);
   });
   it("asks nodes without a models list for theirs", async () => {
-    await putCluster({ nodes: [{ id: "p0", role: "prefill" }, { id: "d0", role: "decode", models: ["extra"] }] });
+    await putCluster({
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode", models: ["extra"] },
+      ],
+    });
     const body: any = await (await SELF.fetch("http://router/v1/models")).json();
     expect(body.data.map((m: any) => m.id)).toEqual(["extra", "sim-model"]);
   });

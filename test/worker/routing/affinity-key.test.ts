@@ -4,8 +4,7 @@ import { affinityKey, affinityKeyMaterial, conversationKey } from "../../../src/
 import { sha256Hex } from "../../../src/routing/hash";
 
 const chat = (messages: unknown[], extra: Record<string, unknown> = {}) => ({ model: "m", messages, ...extra });
-const key = (body: unknown, kind: "chat" | "completion" = "chat", sessionId?: string | null) =>
-  affinityKeyMaterial({ body, kind, sessionId });
+const key = (body: unknown, kind: "chat" | "completion" = "chat", sessionId?: string | null) => affinityKeyMaterial({ body, kind, sessionId });
 
 describe("affinity key: which source decides", () => {
   it("takes the x-session-id header first, then body.user", () => {
@@ -49,26 +48,31 @@ describe("affinity key: chat conversations", () => {
 
   it("is stable across appended turns", () => {
     fc.assert(
-      fc.property(
-        fc.array(fc.record({ role: fc.constantFrom("user", "assistant", "system", "tool"), content: fc.string() })),
-        (later) => {
-          const base = key(chat([system, first]));
-          expect(key(chat([system, first, { role: "assistant", content: "ok" }, ...later]))).toEqual(base);
-        },
-      ),
+      fc.property(fc.array(fc.record({ role: fc.constantFrom("user", "assistant", "system", "tool"), content: fc.string() })), (later) => {
+        const base = key(chat([system, first]));
+        expect(key(chat([system, first, { role: "assistant", content: "ok" }, ...later]))).toEqual(base);
+      }),
     );
   });
 
   it("is the same for string content and text parts; non-text parts are ignored", () => {
     fc.assert(
       fc.property(fc.string({ minLength: 1 }), fc.string(), (userText, systemText) => {
-        const plain = key(chat([{ role: "system", content: systemText }, { role: "user", content: userText }]));
+        const plain = key(
+          chat([
+            { role: "system", content: systemText },
+            { role: "user", content: userText },
+          ]),
+        );
         const parts = key(
           chat([
             { role: "system", content: [{ type: "text", text: systemText }] },
             {
               role: "user",
-              content: [{ type: "image_url", image_url: { url: "data:..." } }, { type: "text", text: userText }],
+              content: [
+                { type: "image_url", image_url: { url: "data:..." } },
+                { type: "text", text: userText },
+              ],
             },
           ]),
         );

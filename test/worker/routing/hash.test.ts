@@ -40,6 +40,6 @@ describe("rendezvous hash", () => {
       const u = rendezvousUnit(`key-${i}`, "node");
       buckets[Math.floor(u * 10)]! += 1;
     }
-    for (const count of buckets) expect(Math.abs(count - n / 10)).toBeLessThan(n / 10 * 0.05);
+    for (const count of buckets) expect(Math.abs(count - n / 10)).toBeLessThan((n / 10) * 0.05);
   });
 });

@@ -51,7 +51,12 @@ describe("prefixBlockHashes", () => {
 describe("canonicalPromptText", () => {
   it("renders chat messages role-aware, string and text parts alike", () => {
     const plain = canonicalPromptText(
-      { messages: [{ role: "system", content: "S" }, { role: "user", content: "hello" }] },
+      {
+        messages: [
+          { role: "system", content: "S" },
+          { role: "user", content: "hello" },
+        ],
+      },
       "chat",
     );
     expect(plain).toBe("<|system|>\nS\n<|user|>\nhello\n");
@@ -59,7 +64,13 @@ describe("canonicalPromptText", () => {
       {
         messages: [
           { role: "system", content: [{ type: "text", text: "S" }] },
-          { role: "user", content: [{ type: "text", text: "hello" }, { type: "input_audio", input_audio: {} }] },
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "hello" },
+              { type: "input_audio", input_audio: {} },
+            ],
+          },
         ],
       },
       "chat",

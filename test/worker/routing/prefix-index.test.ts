@@ -71,30 +71,27 @@ describe("PrefixIndex", () => {
 
   it("never exceeds its bound and matches what was recorded (model check)", () => {
     fc.assert(
-      fc.property(
-        fc.array(fc.tuple(fc.nat(5), fc.integer({ min: 1, max: 6 }), fc.constantFrom("n1", "n2", "n3")), { maxLength: 60 }),
-        (ops) => {
-          const index = new PrefixIndex(1000); // large: nothing evicted, so it must agree with a plain model
-          const model = new Map<string, Set<string>>();
-          for (const [conv, len, nodeId] of ops) {
-            const hashes = chain(`c${conv}-`, len);
-            index.record(hashes, nodeId);
-            for (const h of hashes) model.set(h, (model.get(h) ?? new Set()).add(nodeId));
+      fc.property(fc.array(fc.tuple(fc.nat(5), fc.integer({ min: 1, max: 6 }), fc.constantFrom("n1", "n2", "n3")), { maxLength: 60 }), (ops) => {
+        const index = new PrefixIndex(1000); // large: nothing evicted, so it must agree with a plain model
+        const model = new Map<string, Set<string>>();
+        for (const [conv, len, nodeId] of ops) {
+          const hashes = chain(`c${conv}-`, len);
+          index.record(hashes, nodeId);
+          for (const h of hashes) model.set(h, (model.get(h) ?? new Set()).add(nodeId));
+        }
+        for (let conv = 0; conv <= 5; conv++) {
+          const hashes = chain(`c${conv}-`, 6);
+          const got = index.match(hashes, ["n1", "n2", "n3"]);
+          for (const id of ["n1", "n2", "n3"]) {
+            let expected = 0;
+            while (expected < hashes.length && model.get(hashes[expected]!)?.has(id)) expected++;
+            expect(got[id]).toBe(expected);
           }
-          for (let conv = 0; conv <= 5; conv++) {
-            const hashes = chain(`c${conv}-`, 6);
-            const got = index.match(hashes, ["n1", "n2", "n3"]);
-            for (const id of ["n1", "n2", "n3"]) {
-              let expected = 0;
-              while (expected < hashes.length && model.get(hashes[expected]!)?.has(id)) expected++;
-              expect(got[id]).toBe(expected);
-            }
-          }
-          const small = new PrefixIndex(7);
-          for (const [conv, len, nodeId] of ops) small.record(chain(`c${conv}-`, len), nodeId);
-          expect(small.size).toBeLessThanOrEqual(7);
-        },
-      ),
+        }
+        const small = new PrefixIndex(7);
+        for (const [conv, len, nodeId] of ops) small.record(chain(`c${conv}-`, len), nodeId);
+        expect(small.size).toBeLessThanOrEqual(7);
+      }),
     );
   });
 

@@ -8,9 +8,7 @@ const winner = (key: string, nodes: CandidateNode[]): string => rendezvousRank(k
 
 const nodeSets = fc
   .uniqueArray(fc.stringMatching(/^[a-z0-9]{1,6}$/), { minLength: 2, maxLength: 8 })
-  .chain((ids) =>
-    fc.tuple(fc.constant(ids), fc.array(fc.constantFrom(0.5, 1, 2, 3), { minLength: ids.length, maxLength: ids.length })),
-  )
+  .chain((ids) => fc.tuple(fc.constant(ids), fc.array(fc.constantFrom(0.5, 1, 2, 3), { minLength: ids.length, maxLength: ids.length })))
   .map(([ids, weights]) => ids.map((id, i) => node(id, { weight: weights[i] ?? 1 })));
 
 describe("rendezvousRank", () => {

@@ -8,8 +8,7 @@ import { decided, node, selection, testKeys } from "./fixtures";
 
 const rank = (key: string, nodes: CandidateNode[]) => rendezvousRank(key, nodes).map((r) => r.node.id);
 /** A key whose prefill rendezvous order over `nodes` starts with `first`. */
-const keyFor = (nodes: CandidateNode[], first: string, discriminator = "") =>
-  testKeys(500).find((k) => rank(k + discriminator, nodes)[0] === first)!;
+const keyFor = (nodes: CandidateNode[], first: string, discriminator = "") => testKeys(500).find((k) => rank(k + discriminator, nodes)[0] === first)!;
 
 describe("round_robin", () => {
   it("cycles through healthy, non-draining nodes by id and returns the advanced cursor", () => {
@@ -116,7 +115,12 @@ describe("affinity", () => {
                 key,
                 decode: nodes,
                 // cache_aware has its own in-flight factor: give both policies the same one
-                policy: { decode: policy, loadFactor, loadSlack: slack, cacheAware: { blockChars: 512, loadFactor, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 } },
+                policy: {
+                  decode: policy,
+                  loadFactor,
+                  loadSlack: slack,
+                  cacheAware: { blockChars: 512, loadFactor, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 },
+                },
                 prefixBlockCount: 4,
               }),
             ),
@@ -207,23 +211,20 @@ describe("cache_aware", () => {
 
   it("never picks a node over either bound when one under both exists (property)", () => {
     fc.assert(
-      fc.property(
-        fc.array(fc.record({ load: fc.nat(6), recent: fc.nat(40), matched: fc.nat(10) }), { minLength: 2, maxLength: 6 }),
-        (specs) => {
-          const pool = specs.map((s, i) => node(`d${i}`, { load: s.load, recent: s.recent }));
-          const matches = Object.fromEntries(specs.map((s, i) => [`d${i}`, s.matched]));
-          const d = cache(matches, { decode: pool });
-          const chosen = d.candidates.find((c) => c.id === d.id)!;
-          const feasible = d.candidates.some((c) => c.load < c.bound! && c.recent! < c.shareBound!);
-          if (feasible) {
-            expect(chosen.load).toBeLessThan(chosen.bound!);
-            expect(chosen.recent!).toBeLessThan(chosen.shareBound!);
-            // and no feasible node holds a longer prefix
-            const better = d.candidates.filter((c) => c.load < c.bound! && c.recent! < c.shareBound! && c.matchedBlocks! > chosen.matchedBlocks!);
-            expect(better).toEqual([]);
-          }
-        },
-      ),
+      fc.property(fc.array(fc.record({ load: fc.nat(6), recent: fc.nat(40), matched: fc.nat(10) }), { minLength: 2, maxLength: 6 }), (specs) => {
+        const pool = specs.map((s, i) => node(`d${i}`, { load: s.load, recent: s.recent }));
+        const matches = Object.fromEntries(specs.map((s, i) => [`d${i}`, s.matched]));
+        const d = cache(matches, { decode: pool });
+        const chosen = d.candidates.find((c) => c.id === d.id)!;
+        const feasible = d.candidates.some((c) => c.load < c.bound! && c.recent! < c.shareBound!);
+        if (feasible) {
+          expect(chosen.load).toBeLessThan(chosen.bound!);
+          expect(chosen.recent!).toBeLessThan(chosen.shareBound!);
+          // and no feasible node holds a longer prefix
+          const better = d.candidates.filter((c) => c.load < c.bound! && c.recent! < c.shareBound! && c.matchedBlocks! > chosen.matchedBlocks!);
+          expect(better).toEqual([]);
+        }
+      }),
     );
   });
 
@@ -305,9 +306,7 @@ describe("pdGroup", () => {
   const prefill = [node("pa", { group: "A" }), node("pb", { group: "B" })];
   const decode = [node("da1", { group: "A" }), node("da2", { group: "A" }), node("db1", { group: "B" }), node("db2", { group: "B" })];
   /** A key whose P is pa and whose best D overall is in group B. */
-  const crossKey = testKeys(2000).find(
-    (k) => rank(k, prefill)[0] === "pa" && rank(k + DECODE_KEY_DISCRIMINATOR, decode)[0]!.startsWith("db"),
-  )!;
+  const crossKey = testKeys(2000).find((k) => rank(k, prefill)[0] === "pa" && rank(k + DECODE_KEY_DISCRIMINATOR, decode)[0]!.startsWith("db"))!;
   const route = (mode: "off" | "prefer" | "strict", fields: Parameters<typeof selection>[0] = {}) =>
     selectRoute(selection({ key: crossKey, prefill, decode, ...fields, policy: { pdGroup: mode, loadFactor: 10, ...fields.policy } }));
 
