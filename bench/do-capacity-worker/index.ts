@@ -97,6 +97,8 @@ export default {
     // one object per cluster size and policy, as one router deployment would have
     const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName(`capacity/${nodes}/${policy}`)) as Stub;
     const keyed = policy !== "round_robin";
+    // The router sends the document once (the object asks for it by answering stale_view), then its version.
+    await stub.route({ version: view.version, cluster: view, model: "sim-model", key: null, prefixHashes: [], tokens: 0, dryRun: true });
     let next = 0;
     let calls = 0;
     const requestMs: number[] = [];
@@ -108,7 +110,7 @@ export default {
           const i = seq++;
           const conversation = i % 256;
           const route = {
-            cluster: view,
+            version: view.version,
             model: "sim-model",
             key: keyed ? hex(conversation) : null,
             prefixHashes: policy === "cache_aware" ? prefixHashes(conversation, blocks) : [],
