@@ -22,6 +22,9 @@ export default async function setup(project: TestProject) {
       // a prefill node that takes real time (0.05 ms a token: an 8k-token prompt ~0.4 s), for
       // long prompts on a busy P (SGLang, Mooncake, duplicate ids); its bootstrap port is its HTTP port
       { id: "pslow", role: "prefill", timeScale: 1 },
+      // a second, independent node pool: another model (its own ClusterState object)
+      { id: "pa", role: "prefill", models: ["pool-a-model"] },
+      { id: "da", role: "decode", models: ["pool-a-model"] },
     ],
   });
   const engines: Record<string, string> = {};

@@ -2,15 +2,20 @@ import type { Env } from "../env";
 import { RouterError } from "../errors";
 import type { ClusterView } from "../state/types";
 import { ClusterConfigLoader, CONFIG_KEY, DEFAULT_CONFIG_TTL_MS, type ConfigSnapshot } from "./load";
+import { nodePools, WHOLE_CLUSTER, type NodePool } from "./pools";
 import type { ClusterConfig, NodeConfig } from "./schema";
 
 // The Worker's view of the cluster document: one loader per isolate, one Durable Object per cluster.
 
 const loader = new ClusterConfigLoader();
-const views = new WeakMap<ClusterConfig, ClusterView>();
+const views = new WeakMap<ClusterConfig, Map<string, ClusterView>>();
 
-export function clusterState(env: Env) {
-  return env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
+/**
+ * The ClusterState object of a node pool (src/config/pools.ts); the whole cluster's by default,
+ * which also keeps the document-wide state (last valid document, admin edits, refused requests).
+ */
+export function clusterState(env: Env, pool: string = WHOLE_CLUSTER) {
+  return env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName(pool));
 }
 
 function intVar(value: string | undefined, fallback: number): number {
@@ -40,17 +45,23 @@ export function requireConfig(snapshot: ConfigSnapshot): ClusterConfig {
   throw new RouterError(503, `No valid cluster document: ${detail}`, "service_unavailable", "no_valid_cluster_document");
 }
 
-export function clusterView(config: ClusterConfig, version: string): ClusterView {
-  let view = views.get(config);
+/** What a pool's object needs of the document (the whole cluster's by default); one per document and pool. */
+export function clusterView(config: ClusterConfig, version: string, pool: NodePool = nodePools(config)[0]!): ClusterView {
+  let byPool = views.get(config);
+  if (!byPool) {
+    byPool = new Map();
+    views.set(config, byPool);
+  }
+  let view = byPool.get(pool.key);
   if (!view) {
     view = {
-      version,
+      version: pool.key === WHOLE_CLUSTER ? version : `${version}/${pool.key}`,
       protocol: config.protocol,
       policy: config.policy,
       health: config.health,
-      nodes: config.nodes.map((n) => ({ id: n.id, url: n.url, role: n.role, group: n.group, weight: n.weight, drain: n.drain, models: n.models })),
+      nodes: pool.nodes.map((n) => ({ id: n.id, url: n.url, role: n.role, group: n.group, weight: n.weight, drain: n.drain, models: n.models })),
     };
-    views.set(config, view);
+    byPool.set(pool.key, view);
   }
   return view;
 }

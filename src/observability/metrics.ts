@@ -1,5 +1,6 @@
 import type { Context } from "hono";
 import type { ConfigSnapshot } from "../config/load";
+import { nodePools } from "../config/pools";
 import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import type { RouterError } from "../errors";
@@ -170,8 +171,64 @@ export function recordAnswered(c: Context<{ Bindings: Env; Variables: { requestI
  */
 export async function readClusterStatus(env: Env): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
   const config = await currentConfig(env);
-  const state = clusterState(env);
-  const view = config.config ? clusterView(config.config, config.version) : undefined;
-  const [snapshot, keys] = await Promise.all([state.snapshot(view), state.keyCounts()]);
-  return { config, snapshot, keys };
+  const whole = clusterState(env);
+  const pools = config.config ? nodePools(config.config) : [];
+  // one object per independent node pool; the whole cluster's also counts refused requests and keys
+  const [keys, wholeSnapshot, ...poolSnapshots] = await Promise.all([
+    whole.keyCounts(),
+    pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0])) : whole.snapshot(),
+    ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p))) : []),
+  ]);
+  return { config, snapshot: mergeSnapshots(wholeSnapshot, poolSnapshots), keys };
+}
+
+/** The whole cluster's snapshot with the pools' nodes, leases and counters added (pools share no node). */
+export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[]): ClusterSnapshot {
+  if (pools.length === 0) return whole;
+  const all = [whole, ...pools];
+  const sum = <T>(items: T[], key: (t: T) => string, count: (t: T) => number, make: (t: T, n: number) => T): T[] => {
+    const m = new Map<string, { item: T; n: number }>();
+    for (const t of items) {
+      const k = key(t);
+      const seen = m.get(k);
+      m.set(k, { item: seen?.item ?? t, n: (seen?.n ?? 0) + count(t) });
+    }
+    return [...m.values()].map(({ item, n }) => make(item, n));
+  };
+  const histogram = (pick: (s: ClusterSnapshot) => ClusterSnapshot["latency"]["ttfb"]) => {
+    const first = pick(all[0]!);
+    return {
+      bounds: first.bounds,
+      counts: first.counts.map((_, i) => all.reduce((n, s) => n + (pick(s).counts[i] ?? 0), 0)),
+      sum: all.reduce((n, s) => n + pick(s).sum, 0),
+      count: all.reduce((n, s) => n + pick(s).count, 0),
+    };
+  };
+  return {
+    version: pools[0]!.version,
+    nodes: pools.flatMap((p) => p.nodes),
+    leases: all.reduce((n, s) => n + s.leases, 0),
+    expiredLeases: all.reduce((n, s) => n + s.expiredLeases, 0),
+    requests: sum(
+      all.flatMap((s) => s.requests),
+      (r) => `${r.route} ${r.status}`,
+      (r) => r.count,
+      (r, count) => ({ ...r, count }),
+    ),
+    decisions: sum(
+      all.flatMap((s) => s.decisions),
+      (d) => `${d.role} ${d.rule}`,
+      (d) => d.count,
+      (d, count) => ({ ...d, count }),
+    ),
+    prefix: {
+      prefillEntries: pools.reduce((n, s) => n + s.prefix.prefillEntries, 0),
+      decodeEntries: pools.reduce((n, s) => n + s.prefix.decodeEntries, 0),
+      maxEntries: pools.reduce((n, s) => n + s.prefix.maxEntries, 0),
+      lookedUpBlocks: pools.reduce((n, s) => n + s.prefix.lookedUpBlocks, 0),
+      matchedBlocks: pools.reduce((n, s) => n + s.prefix.matchedBlocks, 0),
+    },
+    latency: { ttfb: histogram((s) => s.latency.ttfb), prefill: histogram((s) => s.latency.prefill) },
+    now: Math.max(...all.map((s) => s.now)),
+  };
 }

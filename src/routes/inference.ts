@@ -1,6 +1,7 @@
 import type { Context } from "hono";
 import { clusterState, clusterView, currentConfig, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
+import { poolFor } from "../config/pools";
 import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
 import { badRequest, RouterError } from "../errors";
@@ -15,7 +16,7 @@ import { forwardVllmMooncake } from "../forward/vllm-mooncake";
 import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
-import type { LegReport, RouteRequest } from "../state/types";
+import type { ClusterView, LegReport, RouteRequest } from "../state/types";
 import { background } from "../observability/log";
 import { traceContext } from "../observability/trace";
 import { editMembers } from "../forward/json-text";
@@ -58,7 +59,7 @@ export async function buildRouteRequest(
   dryRun: boolean,
   /** one node, no disaggregation and no affinity key (embeddings, tokenizer) */
   oneHop = false,
-): Promise<{ config: ClusterConfig; version: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
+): Promise<{ config: ClusterConfig; view: ClusterView; pool: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
   const snapshot = await currentConfig(c.env);
   const config = requireConfig(snapshot);
   const model = typeof body.model === "string" ? body.model : "";
@@ -80,13 +81,17 @@ export async function buildRouteRequest(
   // Only cache_aware needs the prompt rendered as one string; the rest of the policies never pay for it.
   const prefixHashes = cacheAware ? await prefixBlockHashes(canonicalPromptText(body, kind), policy.cacheAware.blockChars) : [];
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
+  // the object of the pool that serves this model (one for the whole cluster unless model sets are disjoint)
+  const pool = poolFor(config, model);
+  const view = clusterView(config, snapshot.version, pool);
   return {
     config,
-    version: snapshot.version,
+    view,
+    pool: pool.key,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
     request: {
-      version: snapshot.version,
+      version: view.version,
       model,
       key: key?.hash ?? null,
       prefixHashes,
@@ -161,12 +166,12 @@ interface Routed {
 
 /** Routes one body and runs its protocol until D answered; ends the request's life on failure. */
 async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body: InferenceRequest, requestId: string, oneHop = false): Promise<Routed> {
-  const { config, version, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  const { config, view, pool, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
   request.route = path;
   const env = c.env;
   const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
   const life = new RequestLife({
-    state: clusterState(env),
+    state: clusterState(env, pool),
     waitUntil: (p) => background(c, p, requestId),
     requestId,
     route: path,
@@ -180,7 +185,7 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
   });
   try {
-    const routed = await life.route(request, clusterView(config, version));
+    const routed = await life.route(request, view);
     if (!routed.ok) throw selectionFailure(routed.error);
     if (config.protocol === "colocated" || oneHop) life.prefillReported = true;
     let nodes = nodesById.get(config);
@@ -416,9 +421,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   // The body is the one the client would send: chat when it has top-level messages.
   const kind = requestKindOf(raw);
   const body = parseInferenceRequest(raw, kind);
-  const { config, version, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
-  const state = clusterState(c.env);
-  const view = clusterView(config, version);
+  const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
+  const state = clusterState(c.env, pool);
   const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot()]);
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
