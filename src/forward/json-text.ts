@@ -98,6 +98,16 @@ export function memberText(text: string, key: string): string | undefined {
  */
 export function editMembers(text: string, set: Record<string, string>, drop: readonly string[] = []): string {
   const removed = new Set([...drop, ...Object.keys(set)]);
+  // Fast path (the usual body): no member to remove can be in it, since its name appears nowhere
+  // as a JSON string (and no \u escape could spell it otherwise) — append the new members before
+  // the closing brace, without a scan.
+  if (!text.includes("\\u") && ![...removed].some((k) => text.includes(JSON.stringify(k)))) {
+    const additions = Object.entries(set).map(([k, v]) => `${JSON.stringify(k)}:${v}`);
+    if (additions.length === 0) return text;
+    const end = text.lastIndexOf("}");
+    const inner = text.slice(0, end).trimEnd();
+    return `${inner}${inner.endsWith("{") ? "" : ","}${additions.join(",")}}`;
+  }
   const members = topLevelMembers(text);
   // nothing to change (a one-hop body without router-owned fields): the client's bytes as they are
   if (Object.keys(set).length === 0 && !members.some((m) => removed.has(m.key))) return text;

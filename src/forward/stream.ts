@@ -64,9 +64,10 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
   let writingSince = 0;
   let idle = false;
   let stalled = false;
-  /** the stream's last characters, to see how it ended (only with endMarkers) */
-  let lastBytes = o.endMarkers ? new TextDecoder().decode(o.first.subarray(-TAIL_BYTES)) : "";
-  const tailDecoder = new TextDecoder();
+  /** the last two chunks: how the stream ended is read from them once it ended (endMarkers) */
+  let last: Uint8Array = o.first;
+  let beforeLast: Uint8Array = new Uint8Array(0);
+  const tail = () => new TextDecoder().decode(concat([beforeLast.subarray(-TAIL_BYTES), last.subarray(-TAIL_BYTES)]));
   const period = Math.max(25, Math.min(1000, Math.min(o.idleMs, o.stallMs) / 4));
   const watchdog = setInterval(() => {
     const now = Date.now();
@@ -127,7 +128,7 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
       try {
         if (chunk.done) {
           if (rewriter) await write(rewriter.flush());
-          if (o.endMarkers && !o.endMarkers.some((m) => lastBytes.includes(m))) {
+          if (o.endMarkers && !o.endMarkers.some((m) => tail().includes(m))) {
             const error = `decode node ${o.leg.node} ended its stream without ${o.endMarkers.join(" or ")}`;
             return (await failWith("the decode node ended its stream before it was complete", "upstream_stream_incomplete"))
               ? { outcome: "failure", error, timeout: false }
@@ -136,7 +137,10 @@ export function relayStream(o: RelayOptions): ReadableStream<Uint8Array> {
           await writer.close();
           return { outcome: "ok" };
         }
-        if (o.endMarkers) lastBytes = (lastBytes + tailDecoder.decode(chunk.value.subarray(-TAIL_BYTES))).slice(-TAIL_BYTES);
+        if (chunk.value.byteLength) {
+          beforeLast = last;
+          last = chunk.value;
+        }
         await write(rewriter ? rewriter.chunk(chunk.value) : chunk.value);
       } catch {
         return clientGone();

@@ -5,7 +5,8 @@
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 const ZERO_TRACE = /^0+$/;
 
-const hex = (bytes: number) => [...crypto.getRandomValues(new Uint8Array(bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
+/** 32 random hex digits (a UUID's 122 random bits; the fixed version and variant digits are harmless here). */
+const randomHex = () => crypto.randomUUID().replaceAll("-", "");
 
 export interface TraceContext {
   traceId: string;
@@ -21,9 +22,9 @@ export interface TraceContext {
 export function traceContext(traceparent: string | null | undefined, tracestate: string | null | undefined): TraceContext {
   const m = traceparent ? TRACEPARENT.exec(traceparent.trim().toLowerCase()) : null;
   const valid = m && !ZERO_TRACE.test(m[1]!) && !ZERO_TRACE.test(m[2]!);
-  const traceId = valid ? m[1]! : hex(16);
+  const traceId = valid ? m[1]! : randomHex();
   const flags = valid ? m[3]! : "01";
   const state = valid && tracestate ? tracestate.slice(0, 512) : null;
-  const spanId = hex(8);
+  const spanId = randomHex().slice(16);
   return { traceId, spanId, flags, state, child: () => `00-${traceId}-${spanId}-${flags}` };
 }
