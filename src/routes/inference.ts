@@ -16,6 +16,7 @@ import { forwardVllmMooncake } from "../forward/vllm-mooncake";
 import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
+import { DEFAULT_LEASE_TTL_MS } from "../state/cluster-state";
 import type { ClusterView, LegReport, RouteRequest } from "../state/types";
 import { background } from "../observability/log";
 import { traceContext } from "../observability/trace";
@@ -39,8 +40,6 @@ const RETRIES = 2;
 
 const KEYED_POLICIES = new Set(["affinity", "cache_aware", "least_load"]);
 
-/** A lease lives this long without renewal (the Durable Object reads the same variable). */
-export const DEFAULT_LEASE_TTL_MS = 60_000;
 /** How long a write to the client may wait before the client counts as gone (it left before the response, or stopped reading). */
 export const DEFAULT_CLIENT_STALL_MS = 10_000;
 
@@ -146,7 +145,7 @@ export function upstreamError(f: UpstreamFailure): RouterError {
   return new RouterError(502, `The ${f.leg} node failed: ${f.message}.`, "upstream_error", "upstream_unavailable");
 }
 
-export function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
+function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
   return `route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
 }
 
