@@ -26,7 +26,7 @@
 //   sends them; P and D of a room meet through the cluster registry, as in the chat path.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleepReal } from 'node:timers/promises';
-import { promptOf } from './engine.mjs';
+import { promptOf, sleepSimulated as simSleep } from './engine.mjs';
 import { lowerHeaders, positiveInt, publish, readBody, sameHost, sendError, sendJson, waitFor } from './wire.mjs';
 import { chainedBlockHashes } from './prefix-cache.mjs';
 
@@ -171,19 +171,6 @@ function timing(options) {
     charsPerToken: options.charsPerToken ?? 4,
     blockTokens: options.blockTokens ?? 512,
   };
-}
-
-/** Sleep simulated ms, carrying sub-millisecond debts (as sim/engine.mjs simSleep). */
-async function simSleep(clock, simMs, timeScale) {
-  if (timeScale <= 0 || simMs <= 0) return;
-  clock.debt += simMs * timeScale;
-  if (clock.debt >= 1) {
-    const ms = Math.floor(clock.debt);
-    clock.debt -= ms;
-    await sleepReal(ms);
-  } else {
-    await new Promise((resolve) => setImmediate(resolve));
-  }
 }
 
 /** Prefill on this engine: its prefix cache tells what was held already. */
