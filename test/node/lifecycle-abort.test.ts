@@ -78,6 +78,8 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     // nobody generated the whole answer for nobody: either P's leg was closed or D's stream was
     expect(stats.p0!.clientAborts + stats.d0!.clientAborts).toBeGreaterThanOrEqual(1);
     expect(stats.d0!.outputTokens).toBeLessThan(400);
+    // and P holds no KV handle for it (vLLM would keep an unread one's blocks for 480 s)
+    expect(stats.p0!.heldHandles).toBe(0);
     const log = await expectOneLogLine(id, 1000);
     expect(log.status).toBe(499);
     expect(["aborted", "stalled"]).toContain(log.outcome);
@@ -99,6 +101,7 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
     expect(stats.d0!.outputTokens).toBeLessThan(400);
+    expect(stats.p0!.heldHandles).toBe(0);
     const log = await expectOneLogLine(id, 1000);
     expect(log.status).toBe(499);
     console.info(`[1b] released ${ms} ms after the client left; d0 tokens ${stats.d0!.outputTokens}`);
