@@ -182,7 +182,7 @@ export class RequestLife {
     };
   }
 
-  /** Work past the response (a handle release), counted among the request's state calls when it is one. */
+  /** Work that outlives the response (a handle release, the relay): kept alive with waitUntil. */
   background(work: () => Promise<unknown>): void {
     this.o.waitUntil(work());
   }
