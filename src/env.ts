@@ -1,8 +1,10 @@
 /**
  * Bindings, vars and secrets of the Worker. The bindings (NODES, CLUSTER_STATE) come from
  * `wrangler types` (worker-configuration.d.ts, `npm run types`); the optional vars and secrets are
- * unset by default, so they are listed here. Secrets named by a node's `apiKeySecret` are read
- * dynamically.
+ * unset by default, so they are listed here. Read dynamically, by the names the cluster document
+ * gives (src/forward/node-fetch.ts): NODE_* secrets (a node's `apiKeySecret`, its Access service
+ * token) and VPC_* bindings (`vpc_networks` / `vpc_services` a node is reached through; see
+ * docs/deploy.md).
  */
 export interface Env extends Cloudflare.Env {
   /** defaults for the cluster document, overridden by the KV document */
@@ -24,5 +26,7 @@ export interface Env extends Cloudflare.Env {
   RATE_LIMITER?: RateLimit;
   /** the binding's period in seconds, sent as `retry-after` when limited (default 60) */
   RATE_LIMIT_PERIOD_S?: string;
+  /** Durable Object location hint for the ClusterState objects (wnam, enam, sam, weur, eeur, apac, oc, afr, me): put them near the engines */
+  STATE_LOCATION_HINT?: string;
   [secret: string]: unknown;
 }

@@ -15,7 +15,21 @@ const views = new WeakMap<ClusterConfig, Map<string, ClusterView>>();
  * which also keeps the document-wide state (last valid document, admin edits, refused requests).
  */
 export function clusterState(env: Env, pool: string = WHOLE_CLUSTER) {
-  return env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName(pool));
+  const locationHint = stateLocationHint(env.STATE_LOCATION_HINT);
+  const id = env.CLUSTER_STATE.idFromName(pool);
+  return locationHint ? env.CLUSTER_STATE.get(id, { locationHint }) : env.CLUSTER_STATE.get(id);
+}
+
+/**
+ * Where a new ClusterState object is created (STATE_LOCATION_HINT var): every routed request
+ * waits one round trip to it, so it belongs near the engines, not wherever the first request
+ * came from. Cloudflare's Durable Object location hints; a hint only applies when the object is
+ * first created (developers.cloudflare.com/durable-objects/reference/data-location/).
+ */
+const LOCATION_HINTS = ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"] as const;
+
+export function stateLocationHint(value: string | undefined): DurableObjectLocationHint | null {
+  return LOCATION_HINTS.find((h) => h === value) ?? null;
 }
 
 function intVar(value: string | undefined, fallback: number): number {
@@ -59,7 +73,17 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
       protocol: config.protocol,
       policy: config.policy,
       health: config.health,
-      nodes: pool.nodes.map((n) => ({ id: n.id, url: n.url, role: n.role, group: n.group, weight: n.weight, drain: n.drain, models: n.models })),
+      nodes: pool.nodes.map((n) => ({
+        id: n.id,
+        url: n.url,
+        role: n.role,
+        group: n.group,
+        weight: n.weight,
+        drain: n.drain,
+        models: n.models,
+        reach: n.reach,
+        apiKeySecret: n.apiKeySecret,
+      })),
     };
     byPool.set(pool.key, view);
   }

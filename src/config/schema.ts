@@ -25,6 +25,60 @@ const nodeUrl = z.string().superRefine((value, ctx) => {
   if (problems.length) ctx.addIssue({ code: z.ZodIssueCode.custom, message: problems.join("; ") });
 });
 
+/** A NODE_* secret name: a document can only name the secrets kept for nodes, never the router's own. */
+const nodeSecretName = (what: string) =>
+  z
+    .string()
+    .regex(
+      /^NODE_[A-Za-z0-9_]{1,123}$/,
+      `must be the name of a Worker secret starting NODE_ (the secret holds ${what}; node secrets live in that namespace, so a document can never point at the router's own secrets)`,
+    );
+
+/**
+ * How the router reaches a node (src/forward/node-fetch.ts). `binding`: a Workers VPC binding
+ * (`vpc_networks` or `vpc_services` in wrangler.toml) whose `fetch` carries the request into the
+ * private network; only VPC_* names, so a document can never make the router call its own KV or
+ * Durable Object. `access`: a Cloudflare Access service token, sent as CF-Access-Client-Id /
+ * CF-Access-Client-Secret, read from the NODE_* secrets named here. Empty: plain `fetch`.
+ */
+export const ReachSchema = z
+  .object({
+    binding: z
+      .string()
+      .regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")
+      .optional(),
+    access: z
+      .object({
+        clientId: nodeSecretName("the service token's client ID"),
+        clientSecret: nodeSecretName("the service token's client secret"),
+      })
+      .strict()
+      .optional(),
+  })
+  .strict();
+
+/**
+ * A host as it goes into a URL: a DNS name, an IPv4 literal, or an IPv6 literal (given with or
+ * without brackets, kept with them: SGLang and vLLM build `http://{host}:{port}` from it).
+ */
+const bootstrapHost = z
+  .string()
+  .max(253)
+  .transform((value, ctx) => {
+    const host = value.includes(":") && !value.startsWith("[") ? `[${value}]` : value;
+    let parsed: URL | null = null;
+    try {
+      parsed = new URL(`http://${host}/`);
+    } catch {
+      // reported below
+    }
+    if (!parsed || parsed.hostname !== host.toLowerCase() || parsed.port !== "" || /[/?#@]/.test(value)) {
+      ctx.addIssue({ code: z.ZodIssueCode.custom, message: "must be a host name or an IP address, without scheme or port" });
+      return z.NEVER;
+    }
+    return parsed.hostname;
+  });
+
 export const NodeSchema = z
   .object({
     id: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}"),
@@ -34,13 +88,14 @@ export const NodeSchema = z
     weight: z.number().positive().finite().default(1),
     models: z.array(z.string().min(1)).optional(),
     bootstrapPort: positiveInt.max(65535).default(8998),
+    // the address decode nodes use to reach this node's bootstrap server; default the URL's host
+    bootstrapHost: bootstrapHost.optional(),
+    // how the router reaches this node; replaces the document's `reach` (an empty object: directly)
+    reach: ReachSchema.optional(),
     drain: z.boolean().default(false),
     // Only NODE_* secrets: whoever edits the document must not be able to make the router send
     // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
-    apiKeySecret: z
-      .string()
-      .regex(/^NODE_[A-Za-z0-9_]{1,123}$/, "must be a secret name starting NODE_ (node secrets live in that namespace, so a document can never point at the router's own secrets)")
-      .optional(),
+    apiKeySecret: nodeSecretName("the node's bearer token").optional(),
   })
   .strict();
 
@@ -98,6 +153,8 @@ export const ClusterDocumentSchema = z
     policy: PolicySchema.default({}),
     timeouts: TimeoutsSchema.default({}),
     health: HealthSchema.default({}),
+    // how every node is reached unless it names its own `reach`
+    reach: ReachSchema.optional(),
     nodes: z.array(NodeSchema).min(1, "must list at least one node"),
   })
   .strict();
@@ -121,11 +178,14 @@ function duplicateIds(value: unknown): Problem[] {
 }
 
 type ParsedDocument = z.output<typeof ClusterDocumentSchema>;
-export type NodeConfig = z.output<typeof NodeSchema>;
+export type NodeReach = z.output<typeof ReachSchema>;
+/** A node with its defaults filled: its bootstrap host and how it is reached are always known. */
+export type NodeConfig = z.output<typeof NodeSchema> & { bootstrapHost: string; reach: NodeReach };
 export type Protocol = "vllm" | "vllm-mooncake" | "sglang" | "colocated";
-export type ClusterConfig = Omit<ParsedDocument, "protocol" | "policy"> & {
+export type ClusterConfig = Omit<ParsedDocument, "protocol" | "policy" | "nodes" | "reach"> & {
   protocol: Protocol;
   policy: Required<ParsedDocument["policy"]>;
+  nodes: NodeConfig[];
 };
 
 export interface Problem {
@@ -169,10 +229,12 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
   const doc = parsed.data;
   const defaultProtocol = PROTOCOLS.find((p) => p === defaults.protocol) ?? "vllm";
   const defaultPolicy = POLICIES.find((p) => p === defaults.policy) ?? "affinity";
+  const { reach, ...rest } = doc;
   const config: ClusterConfig = {
-    ...doc,
+    ...rest,
     protocol: doc.protocol ?? defaultProtocol,
     policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
+    nodes: doc.nodes.map((n) => ({ ...n, bootstrapHost: n.bootstrapHost ?? new URL(n.url).hostname, reach: n.reach ?? reach ?? {} })),
   };
   const unusable = usabilityProblems(config);
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };

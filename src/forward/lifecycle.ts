@@ -76,6 +76,8 @@ export class RequestLife {
   private rememberKey: Promise<string | null> | null = null;
   /** called when the request ends before a D used P's KV handle (vllm: release P's blocks) */
   private readonly onUnusedHandle: Array<() => Promise<unknown>> = [];
+  /** whether P's answer carried prompt_tokens_details (observability/usage-details.ts) */
+  private usageDetails: { node: string; reported: boolean } | null = null;
 
   constructor(private readonly o: LifeOptions) {
     const onClientAbort = () => this.end({ status: 499, outcome: "aborted", error: "client disconnected", legs: this.abortedLegs() });
@@ -173,6 +175,11 @@ export class RequestLife {
     this.rememberKey = key.catch(() => null);
   }
 
+  /** P answered with (or without) prompt_tokens_details; reported with the finish. */
+  noteUsageDetails(node: string, reported: boolean | null): void {
+    if (reported !== null) this.usageDetails = { node, reported };
+  }
+
   /** A KV handle D has not (yet) been given: released if the request ends before it is. */
   holdHandle(release: () => Promise<unknown>): () => void {
     this.onUnusedHandle.push(release);
@@ -222,6 +229,7 @@ export class RequestLife {
       status: e.status,
       ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
       ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
+      ...(this.usageDetails ? { usageDetails: this.usageDetails } : {}),
       ...(legs.decode ? { decode: legs.decode } : {}),
       ...prefillPart(prefill),
     });

@@ -18,6 +18,8 @@ export interface ForwardContext {
   retries: number;
   resolve(id: string): UpstreamNode;
   sleep(ms: number): Promise<void>;
+  /** the shortest retry-after the busy nodes of this request gave (ms), for the client should all be busy */
+  busyRetryAfterMs?: number;
 }
 
 /** D's answer, ready for the client: a stream whose first bytes arrived, or a whole JSON body. */
@@ -48,6 +50,11 @@ export const wasReported = (f: UpstreamFailure) => reported.has(f);
  * there is nothing left to try.
  */
 export async function failOver(ctx: ForwardContext, failure: UpstreamFailure, attempt: number): Promise<void> {
+  if (failure.outcome === "busy") {
+    // the client's retry-after, should every node be busy: the soonest any of them named
+    ctx.busyRetryAfterMs = Math.min(ctx.busyRetryAfterMs ?? Number.POSITIVE_INFINITY, failure.retryAfterMs ?? Number.POSITIVE_INFINITY);
+    failure.retryAfterMs = Number.isFinite(ctx.busyRetryAfterMs) ? ctx.busyRetryAfterMs : null;
+  }
   if (!failure.retryable || ctx.life.isEnded) throw failure;
   const next = await ctx.life.failover(failure.leg, failure.report(), attempt < ctx.retries);
   markReported(failure);
@@ -72,8 +79,17 @@ export async function withFailover<T>(ctx: ForwardContext, role: Role, attempt: 
   }
 }
 
-export function sendLeg(ctx: ForwardContext, role: Role, node: UpstreamNode, body: string, upstreamId: string, timeoutMs: number, signal = ctx.life.signal): Promise<Leg> {
-  return Leg.send({ leg: role, node, path: ctx.path, body, upstreamId, trace: ctx.life.trace, signal, timeoutMs });
+export function sendLeg(
+  ctx: ForwardContext,
+  role: Role,
+  node: UpstreamNode,
+  body: string,
+  upstreamId: string,
+  timeoutMs: number,
+  signal = ctx.life.signal,
+  headers?: Record<string, string>,
+): Promise<Leg> {
+  return Leg.send({ leg: role, node, path: ctx.path, body, upstreamId, trace: ctx.life.trace, signal, timeoutMs, headers });
 }
 
 /**

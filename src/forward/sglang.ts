@@ -21,16 +21,21 @@ export function sglangBody(raw: string, host: string, port: number, room: string
   return withFields(raw, { bootstrap_host: JSON.stringify(host), bootstrap_port: String(port), bootstrap_room: room });
 }
 
-/** The hostname D connects to for P's bootstrap server (brackets stripped from IPv6). */
-export const bootstrapHost = (url: string) => new URL(url).hostname.replace(/^\[(.*)\]$/, "$1");
-
 /**
  * Runs P's leg to the end of its answer (headers, then the body, within prefillMs) beside D's:
  * P's body text when it went well, else throws its failure. `onFail` aborts the partner D.
  */
-export function runConcurrentPrefill(ctx: ForwardContext, p: UpstreamNode, body: string, upstreamId: string, signal: AbortSignal, onFail: () => void): Promise<string> {
+export function runConcurrentPrefill(
+  ctx: ForwardContext,
+  p: UpstreamNode,
+  body: string,
+  upstreamId: string,
+  signal: AbortSignal,
+  onFail: () => void,
+  headers?: Record<string, string>,
+): Promise<string> {
   const started = Date.now();
-  return sendLeg(ctx, "prefill", p, body, upstreamId, ctx.timeouts.prefillMs, signal)
+  return sendLeg(ctx, "prefill", p, body, upstreamId, ctx.timeouts.prefillMs, signal, headers)
     .then(async (leg: Leg) => {
       let text: string;
       try {
@@ -54,9 +59,15 @@ export function runConcurrentPrefill(ctx: ForwardContext, p: UpstreamNode, body:
 export interface ConcurrentLegs {
   prefill: string;
   decode: string;
+  /** headers P's leg adds (vllm-mooncake: the data-parallel rank) */
+  prefillHeaders?: Record<string, string>;
   onPrefillAnswer?(text: string): void;
-  /** the attempt failed (either leg): e.g. forget what was learned about P for it */
-  onFailure?(): void;
+  /**
+   * The attempt failed (either leg), after failover moved on: e.g. forget what was learned about
+   * P, release what P holds for a D that never got the request. `prefillAnswered`: P's whole
+   * answer arrived (its prefill finished) before the attempt was given up.
+   */
+  onFailure?(decode: UpstreamFailure, prefillAnswered: boolean): void;
 }
 
 /**
@@ -84,10 +95,18 @@ export async function forwardConcurrent(
     const prefillAbort = new AbortController();
     const decodeAbort = new AbortController();
     let prefillFailed = false;
-    const prefill = runConcurrentPrefill(ctx, p, bodies.prefill, upstreamId, AbortSignal.any([ctx.life.signal, prefillAbort.signal]), () => {
-      prefillFailed = true;
-      decodeAbort.abort("prefill failed");
-    });
+    const prefill = runConcurrentPrefill(
+      ctx,
+      p,
+      bodies.prefill,
+      upstreamId,
+      AbortSignal.any([ctx.life.signal, prefillAbort.signal]),
+      () => {
+        prefillFailed = true;
+        decodeAbort.abort("prefill failed");
+      },
+      bodies.prefillHeaders,
+    );
     const prefillReport: Promise<LegReport | null> = prefill.then(
       (text) => {
         bodies.onPrefillAnswer?.(text);
@@ -103,7 +122,6 @@ export async function forwardConcurrent(
     } catch (err) {
       const decodeFailure = asFailure(err, "decode", d.id);
       prefillAbort.abort("decode failed");
-      bodies.onFailure?.();
       // Blame the leg that failed first: P, when D was only aborted because of it.
       const failure = prefillFailed
         ? await prefill.then(
@@ -111,8 +129,12 @@ export async function forwardConcurrent(
             (f: UpstreamFailure) => (f.kind === "aborted" ? decodeFailure : f),
           )
         : decodeFailure;
-      await prefillReport;
-      await failOver(ctx, failure, attempt);
+      const prefillAnswered = (await prefillReport) === null;
+      try {
+        await failOver(ctx, failure, attempt);
+      } finally {
+        bodies.onFailure?.(decodeFailure, prefillAnswered);
+      }
     }
   }
 }
@@ -129,7 +151,12 @@ function generateBatchSize(parsed: Record<string, unknown>): number | null {
 export function forwardSglang(ctx: ForwardContext): Promise<DecodeAnswer> {
   return forwardConcurrent(ctx, (p) => {
     const batch = ctx.path === "/generate" ? generateBatchSize(ctx.parsed) : null;
-    const host = bootstrapHost(p.url);
+    // P's bootstrapHost (default its URL's host), an IPv6 literal in brackets: SGLang's decode
+    // builds `http://{bootstrap_host}:{bootstrap_port}/route` from it (older releases join the
+    // two with a bare f-string, newer ones through NetworkAddress, which accepts brackets;
+    // sgl-project/sglang python/sglang/srt/disaggregation/decode.py `_bootstrap_addr`,
+    // common/conn.py `_get_bootstrap_info_from_server`), so a bare IPv6 literal breaks it.
+    const host = p.bootstrapHost;
     // sgl-project/sglang's router (pd_router.rs inject_bootstrap_into_value) writes arrays for a batch
     const body =
       batch === null

@@ -1,14 +1,17 @@
 import type { Role } from "../routing/types";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
+import type { NodeAccess } from "./node-fetch";
 
 /** A node as the forwarding code needs it. */
 export interface UpstreamNode {
   id: string;
   url: string;
   bootstrapPort: number;
-  /** bearer token from the secret named by the node's apiKeySecret */
-  token: string | null;
+  /** the address decode nodes use for this node's bootstrap server (IPv6 in brackets) */
+  bootstrapHost: string;
+  /** how requests reach it (binding, bearer token, Access service token): src/forward/node-fetch.ts */
+  access: NodeAccess;
 }
 
 export type FailureKind = "connect" | "timeout" | "status" | "aborted" | "protocol" | "broken";
@@ -21,6 +24,26 @@ export type FailureKind = "connect" | "timeout" | "status" | "aborted" | "protoc
  * the router's own message.
  */
 const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
+
+/**
+ * Statuses of a node that is full, not broken: SGLang answers 503 when its request queue is full
+ * (--max-queued-requests), gateways and rate limiters in front of an engine answer 429 or 503.
+ * The request goes to the next node, and the node is not counted towards ejection: a load spike
+ * must not eject every decode node at once.
+ */
+const BUSY_STATUSES = new Set([429, 503]);
+
+/** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
+export const BUSY_RETRY_DEFAULT_MS = 1_000;
+export const BUSY_RETRY_MAX_MS = 300_000;
+
+/** A `retry-after` header (delay-seconds or an HTTP-date) in ms, within [0, BUSY_RETRY_MAX_MS]; null when absent or unreadable. */
+export function retryAfterMs(value: string | null, now = Date.now()): number | null {
+  if (value === null || value.trim() === "") return null;
+  const text = value.trim();
+  const ms = /^\d+$/.test(text) ? Number(text) * 1000 : Date.parse(text) - now;
+  return Number.isFinite(ms) ? Math.min(BUSY_RETRY_MAX_MS, Math.max(0, ms)) : null;
+}
 
 /** Header that marks the router's own upstream requests; a request carrying it is a loop. */
 export const HOP_HEADER = "x-pd-edge-router-hop";
@@ -35,21 +58,26 @@ export class UpstreamFailure extends Error {
     readonly status: number | null = null,
     /** for a client-fault status: the node's own message, safe to show the client */
     readonly clientMessage: string | null = null,
+    /** for a status: whether the engine's own serving layer answered it (a JSON body) or something in front of it did */
+    readonly answeredBy: "engine" | "front" | null = null,
+    /** for a busy status: how long the node asked to be left alone (retry-after, ms) */
+    public retryAfterMs: number | null = null,
   ) {
     super(message);
     this.name = "UpstreamFailure";
   }
 
-  /** A refused request is the client's fault and does not count against the node; an abort tells nothing. */
+  /** A refused request is the client's fault and does not count against the node; an abort tells nothing; a full node is busy. */
   get outcome(): LegOutcome {
     if (this.kind === "aborted") return "aborted";
     if (this.kind === "status" && this.status !== null && CLIENT_FAULT_STATUSES.has(this.status)) return "client_error";
+    if (this.kind === "status" && this.status !== null && BUSY_STATUSES.has(this.status)) return "busy";
     return "failure";
   }
 
-  /** Worth trying on another node: the node failed, not the request. */
+  /** Worth trying on another node: the node failed or is full, not the request. */
   get retryable(): boolean {
-    return this.outcome === "failure";
+    return this.outcome === "failure" || this.outcome === "busy";
   }
 
   report(ms?: number): LegReport {
@@ -69,10 +97,12 @@ export interface LegCall {
   signal: AbortSignal;
   /** time allowed until the response headers */
   timeoutMs: number;
+  /** headers this leg adds (vllm-mooncake: P's X-data-parallel-rank) */
+  headers?: Record<string, string> | undefined;
 }
 
 /** Upstream request headers are built from scratch: nothing of the client's (no Authorization, no hop-by-hop) passes. */
-export function upstreamHeaders(node: UpstreamNode, upstreamId: string, trace: TraceContext): Headers {
+export function upstreamHeaders(node: UpstreamNode, upstreamId: string, trace: TraceContext, extra: Record<string, string> = {}): Headers {
   const headers = new Headers({
     "content-type": "application/json",
     accept: "application/json, text/event-stream",
@@ -81,7 +111,9 @@ export function upstreamHeaders(node: UpstreamNode, upstreamId: string, trace: T
     [HOP_HEADER]: "1",
   });
   if (trace.state) headers.set("tracestate", trace.state);
-  if (node.token) headers.set("authorization", `Bearer ${node.token}`);
+  // the node's own credentials (bearer, Access service token), and nothing else of anyone's
+  for (const [name, value] of Object.entries(node.access.headers)) headers.set(name, value);
+  for (const [name, value] of Object.entries(extra)) headers.set(name, value);
   return headers;
 }
 
@@ -120,9 +152,9 @@ export class Leg {
     leg.deadline(call.timeoutMs, `did not answer within ${call.timeoutMs} ms`);
     let response: Response;
     try {
-      response = await fetch(new URL(call.path, call.node.url), {
+      response = await call.node.access.fetch(new URL(call.path, call.node.url), {
         method: "POST",
-        headers: upstreamHeaders(call.node, call.upstreamId, call.trace),
+        headers: upstreamHeaders(call.node, call.upstreamId, call.trace, call.headers),
         body: call.body,
         signal: leg.controller.signal,
         redirect: "manual",
@@ -137,7 +169,7 @@ export class Leg {
       const status = response.status;
       const text = CLIENT_FAULT_STATUSES.has(status) ? await leg.text().catch(() => "") : "";
       leg.abort("rejected");
-      throw leg.statusFailure(status, text);
+      throw leg.statusFailure(status, text, response.headers);
     }
     return leg;
   }
@@ -177,12 +209,18 @@ export class Leg {
     return new UpstreamFailure(this.call.leg, this.node, "protocol", `${this.call.leg} node ${this.node} ${what}`);
   }
 
-  private statusFailure(status: number, text: string): UpstreamFailure {
+  private statusFailure(status: number, text: string, headers: Headers): UpstreamFailure {
     const { leg, node } = this.call;
+    // An engine's own refusal is JSON (vLLM's ErrorResponse, SGLang's ORJSONResponse); a proxy,
+    // a tunnel, an Access login or a redirect in front of it answers something else.
+    const answeredBy = (headers.get("content-type") ?? "").includes("json") ? "engine" : "front";
+    const busy = BUSY_STATUSES.has(status);
+    const wait = busy ? (retryAfterMs(headers.get("retry-after")) ?? BUSY_RETRY_DEFAULT_MS) : null;
     // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
-    const message = `${leg} node ${node.id} answered HTTP ${status}${status === 508 ? ": its URL leads back to the router (a routing loop)" : ""}`;
-    if (!CLIENT_FAULT_STATUSES.has(status)) return new UpstreamFailure(leg, node.id, "status", message, status);
-    return new UpstreamFailure(leg, node.id, "status", message, status, clientMessageOf(text, node.token));
+    const why = status === 508 ? ": its URL leads back to the router (a routing loop)" : busy ? ": it is busy" : "";
+    const message = `${leg} node ${node.id} answered HTTP ${status}${why}`;
+    const clientMessage = CLIENT_FAULT_STATUSES.has(status) ? clientMessageOf(text, node.access.token) : null;
+    return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait);
   }
 
   abort(reason = "aborted"): void {

@@ -1,5 +1,7 @@
+import { usageDetailsOf } from "../observability/usage-details";
 import { withFields } from "./body";
 import { forwardColocated } from "./colocated";
+import { decodeContact, releasesUnreadHandle } from "./handle-release";
 import { memberText } from "./json-text";
 import { decodeAttempt, failOver, asFailure, sendLeg, withFailover, type DecodeAnswer, type ForwardContext } from "./pipeline";
 import { prefillUsageOf, type PrefillUsage } from "./stream";
@@ -24,9 +26,12 @@ const DROPPED_ON_PREFILL = ["stream_options", "min_tokens", "min_completion_toke
 
 /** P's body: the client's bytes with the prefill-only members set (nothing re-serialised). */
 export function vllmPrefillBody(raw: string, parsed: Record<string, unknown>, kvParams = PREFILL_KV_PARAMS): string {
-  // the Responses API (vLLM accepts kv_transfer_params there too) names its limit max_output_tokens
+  // the Responses API (vLLM accepts kv_transfer_params there too) names its limit max_output_tokens;
+  // `store: false` on P: vLLM keeps every stored response in a dict it never evicts
+  // (vllm entrypoints/openai/responses/serving.py `response_store`), and P's one-token answer
+  // is never asked for again — the conversation continues on D, which stored the real one
   if ("input" in parsed && !("messages" in parsed) && !("prompt" in parsed)) {
-    return withFields(raw, { stream: "false", max_output_tokens: "1", kv_transfer_params: kvParams }, DROPPED_ON_PREFILL);
+    return withFields(raw, { stream: "false", max_output_tokens: "1", store: "false", kv_transfer_params: kvParams }, DROPPED_ON_PREFILL);
   }
   const set: Record<string, string> = { stream: "false", max_tokens: "1" };
   if ("max_completion_tokens" in parsed) set.max_completion_tokens = "1";
@@ -85,6 +90,7 @@ async function prefill(ctx: ForwardContext, body: string, upstreamId: string): P
     const text = await leg.text();
     leg.close();
     const json = parseLegJson(leg, text);
+    ctx.life.noteUsageDetails(node.id, usageDetailsOf(json));
     return { node, ms: Date.now() - leg.started, usage: prefillUsageOf(json), kvText: memberText(text, "kv_transfer_params") };
   });
   ctx.life.prefillDone({ node: p.node.id, outcome: "ok", ms: p.ms });
@@ -129,11 +135,11 @@ export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
       return { prefillNode: p.node.id, decodeNode: d.id, prefillMs: p.ms, decodeMs: answer.ms, leg: answer.leg, body: answer.body, prefillUsage: p.usage };
     } catch (err) {
       const failure = asFailure(err, "decode", d.id);
-      // No D will read this handle now. D may never have admitted it (refused, hung before
-      // admission, the client left while D queued it): then P holds the blocks until its timeout.
-      // The release goes to the D tried next (or this one again when there is none); for a
-      // handle D did read it is a no-op notification, so every failed attempt sends one.
-      const release = kv !== undefined;
+      // Released only when no D got the handle (unreachable, or refused by something in front of
+      // the engine): a D that got it tells P itself, and a second word from the router would make
+      // P log "Potentially invalid KV blocks for unrecognized request" (handle-release.ts). The
+      // release goes to the D tried next (or this one again when there is none).
+      const release = kv !== undefined && releasesUnreadHandle(decodeContact(failure));
       try {
         // The handle is single-use: once a D may have read it, P may have freed or reused its
         // blocks, and a second D would answer 200 with another prompt's text. The retry re-runs

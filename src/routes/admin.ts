@@ -9,6 +9,7 @@ import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
 import type { AppEnv } from "./inference";
+import { usageDetailsWarnings } from "../observability/usage-details";
 
 /** The cluster document is small; anything bigger than this is a mistake. */
 const MAX_DOCUMENT_BYTES = 1024 * 1024;
@@ -114,6 +115,7 @@ adminRoutes.get("/status", async (c) => {
     },
     nodes: snapshot.nodes,
     leases: snapshot.leases,
+    warnings: usageDetailsWarnings(snapshot.nodes),
   });
 });
 

@@ -10,7 +10,8 @@ import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
 import { fixUsage, fixUsageInBody, relayStream, sseUsageRewriter, type ChunkRewriter, type StreamEnd } from "../forward/stream";
-import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
+import { nodeAccess } from "../forward/node-fetch";
+import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
 import { affinityKey, conversationKey } from "../routing/affinity-key";
@@ -131,14 +132,18 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" })
 }
 
 function upstreamNode(env: Env, node: NodeConfig): UpstreamNode {
-  const secret = node.apiKeySecret ? env[node.apiKeySecret] : undefined;
-  return { id: node.id, url: node.url, bootstrapPort: node.bootstrapPort, token: typeof secret === "string" && secret ? secret : null };
+  return { id: node.id, url: node.url, bootstrapPort: node.bootstrapPort, bootstrapHost: node.bootstrapHost, access: nodeAccess(env, node) };
 }
 
 /** Maps a leg that failed before the client saw anything to the client's error (the router's own words, except a refused request's reason). */
 export function upstreamError(f: UpstreamFailure): RouterError {
   if (f.outcome === "client_error" && f.status !== null) {
     return new RouterError(f.status as 400, f.clientMessage ?? `The ${f.leg} node rejected the request (HTTP ${f.status}).`, "invalid_request_error", "upstream_rejected");
+  }
+  if (f.outcome === "busy") {
+    // every node tried was full: the client may come back when the soonest of them said it could
+    const seconds = Math.max(1, Math.ceil((f.retryAfterMs ?? BUSY_RETRY_DEFAULT_MS) / 1000));
+    return new RouterError(503, `Every ${f.leg} node tried is busy: ${f.message}.`, "service_unavailable", "upstream_busy", null, { "retry-after": String(seconds) });
   }
   if (f.kind === "timeout") return new RouterError(504, `The ${f.leg} node did not answer in time: ${f.message}.`, "upstream_error", "upstream_timeout");
   if (f.kind === "aborted") return new RouterError(499 as 400, "The request ended before the nodes answered.", "upstream_error", "client_closed_request");
@@ -163,9 +168,38 @@ interface Routed {
   answer: DecodeAnswer;
 }
 
+/**
+ * Responses API requests the cluster cannot serve, refused before anything is sent:
+ * - `background: true`: vLLM runs it in a task on the one node that got it and serves
+ *   GET /v1/responses/{id} and /cancel from that node's memory; the router's request (its lease,
+ *   its load) would end at once while the generation runs on, unaccounted. Stream instead.
+ * - protocol sglang: SGLang's /v1/responses handler builds the engine request without the
+ *   bootstrap fields (sgl-project/sglang python/sglang/srt/entrypoints/openai/serving_responses.py
+ *   `create_responses`: GenerateReqInput(input_ids, sampling_params, stream, rid, ...)), so P and
+ *   D would never meet, and a decode-mode SGLang server cannot prefill alone.
+ */
+export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequest): void {
+  if ((body as { background?: unknown }).background === true) {
+    throw badRequest(
+      "background: true is not supported by this router: a background response runs on one decode node outside the router's load accounting, and only that node could answer GET /v1/responses/{id}. Send the request without background (stream: true to see output as it comes).",
+      "background",
+      "unsupported_parameter",
+    );
+  }
+  if (protocol === "sglang") {
+    throw new RouterError(
+      400,
+      "The Responses API cannot be disaggregated under protocol sglang: SGLang's /v1/responses handler does not pass bootstrap_host, bootstrap_port and bootstrap_room to its engine, so the prefill and decode nodes would never exchange the KV cache. Use /v1/chat/completions.",
+      "invalid_request_error",
+      "unsupported_for_protocol",
+    );
+  }
+}
+
 /** Routes one body and runs its protocol until D answered; ends the request's life on failure. */
 async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body: InferenceRequest, requestId: string, oneHop = false): Promise<Routed> {
   const { config, view, pool, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
   const env = c.env;
   const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);

@@ -1,4 +1,5 @@
 import type { ClusterConfig, NodeConfig } from "../config/schema";
+import { nodeAccess, nodeGet } from "../forward/node-fetch";
 
 /** How long one isolate reuses the union it built for a document version before asking again. */
 export const MODELS_CACHE_MS = 30_000;
@@ -6,7 +7,7 @@ export const MODELS_CACHE_MS = 30_000;
 export const MODELS_PARTIAL_CACHE_MS = 5_000;
 
 export interface ListModelsOptions {
-  /** where node secrets (`apiKeySecret`) are read from: the Worker's env */
+  /** where node secrets and bindings (`apiKeySecret`, `reach`) are read from: the Worker's env */
   env?: Record<string, unknown>;
   timeoutMs?: number;
   now?: () => number;
@@ -39,9 +40,9 @@ export async function listModels(config: ClusterConfig, options: ListModelsOptio
   await Promise.all(
     [...ask.values()].map(async (node) => {
       try {
-        const secret = node.apiKeySecret ? env[node.apiKeySecret] : undefined;
-        const headers: Record<string, string> = typeof secret === "string" && secret ? { authorization: `Bearer ${secret}` } : {};
-        const res = await fetcher(new URL("/v1/models", node.url), { headers, redirect: "manual", signal: AbortSignal.timeout(timeoutMs) });
+        // the way every request reaches the node: its VPC binding, bearer token, Access service token
+        const access = nodeAccess(env, node, (url, init) => fetcher(url, init));
+        const res = await nodeGet(access, node.url, "/v1/models", AbortSignal.timeout(timeoutMs));
         if (res.status !== 200) return void (await res.body?.cancel());
         const body = (await res.json()) as { data?: Array<{ id?: unknown }> };
         for (const m of body.data ?? []) if (typeof m.id === "string") names.add(m.id);

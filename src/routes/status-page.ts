@@ -311,6 +311,7 @@ const SCRIPT = `
     $("config").textContent = (cfg.valid ? "document valid" : "document INVALID: " + cfg.problems.map((p) => p.path + ": " + p.message).join("; ")) +
       " | protocol " + (cfg.protocol || "-") + " | policy " + (cfg.policy ? cfg.policy.prefill + "/" + cfg.policy.decode + ", pdGroup " + cfg.policy.pdGroup : "-");
     $("config").className = cfg.valid ? "" : "bad";
+    $("warnings").replaceChildren(...(data.warnings || []).map((w) => el("li", w)));
     noteEvents(data, previous);
     samples.push({ t: data.now, data });
     while (samples.length && samples[0].t < data.now - KEEP_MS) samples.shift();
@@ -435,6 +436,7 @@ export async function statusPage({ isPublic }: { isPublic: boolean }): Promise<{
 <section id="dashboard" hidden>
   <p id="meta"><span id="config"></span> | <span id="updated"></span> <button id="logout" type="button">forget token</button></p>
   <p id="error"></p>
+  <ul id="warnings" class="warn"></ul>
   <h2>Last minutes <small>(kept in this tab since it opened; refreshed every 2 s)</small></h2>
   <div class="charts">
     ${chart("chart-rps", "Requests per second", "per node (a request counts on its P and its D), and routed by the router")}

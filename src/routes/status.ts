@@ -3,6 +3,7 @@ import { adminAuth, statusIsPublic } from "../auth/admin-auth";
 import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
 import { secretEquals } from "../auth/digest";
 import { readClusterStatus } from "../observability/metrics";
+import { usageDetailsWarnings } from "../observability/usage-details";
 import type { AppEnv } from "./inference";
 import { statusPage } from "./status-page";
 
@@ -54,7 +55,10 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         // the page marks an ejection when this moves forward (a re-ejection between two polls too)
         ejectedUntil: n.ejectedUntil,
         lastFailureAt: n.lastFailureAt,
+        usageDetails: n.usageDetails,
       })),
+      // what an operator should fix: e.g. a P run without --enable-prompt-tokens-details
+      warnings: usageDetailsWarnings(snapshot.nodes),
       decisions: snapshot.decisions,
       requests: snapshot.requests,
       prefix: snapshot.prefix,

@@ -3,7 +3,9 @@ import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } fro
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
 import type { CandidateNode, Decision, Role } from "../routing/types";
-import { breakerState, freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings, type NodeHealth, type ProbeSettings } from "./health";
+import { freshUsageDetails, noteUsageDetails, usageDetailsVerdict, usageDetailsWarning, type UsageDetailsRecord } from "../observability/usage-details";
+import { breakerState, freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings, type NodeHealth } from "./health";
+import { probeNode } from "./node-probe";
 import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, Histogram, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
 
 /**
@@ -67,6 +69,8 @@ export class ClusterState extends DurableObject {
   private readonly keyRequests = new Map<string, number>();
   private readonly decisions = new Map<string, number>();
   private readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
+  /** per prefill node: does it report prompt_tokens_details (observability/usage-details.ts) */
+  private readonly usageDetails = new Map<string, UsageDetailsRecord>();
   private prefixStats = { lookedUpBlocks: 0, matchedBlocks: 0 };
   private cursors = { prefill: 0, decode: 0 };
   private savedCursors = { prefill: 0, decode: 0 };
@@ -232,6 +236,12 @@ export class ClusterState extends DurableObject {
     const key = `${report.route}\u0000${report.status}`;
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
     if (report.keyLabel) this.countKey(report.keyLabel);
+    if (report.usageDetails) {
+      const { node, reported } = report.usageDetails;
+      const record = this.usageDetails.get(node) ?? freshUsageDetails();
+      this.usageDetails.set(node, record);
+      if (noteUsageDetails(record, reported)) console.warn(JSON.stringify({ event: "prefill_usage_details_missing", node, message: usageDetailsWarning(node) }));
+    }
     if (report.remember) this.remember(this.sticky, report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode }, STICKY_ENTRIES);
     if (report.prefill) {
       this.applyOutcome(report.prefill, now);
@@ -297,6 +307,7 @@ export class ClusterState extends DurableObject {
         lastFailureAt: h.lastFailureAt,
         inflight: { prefill: c.prefill, decode: c.decode, tokens: c.tokens },
         requestsTotal: { prefill: c.requestsPrefill, decode: c.requestsDecode },
+        usageDetails: usageDetailsVerdict(this.usageDetails.get(n.id)),
       };
     });
     const split = (m: Map<string, number>) => [...m].map(([k, count]) => ({ parts: k.split("\u0000"), count }));
@@ -328,7 +339,7 @@ export class ClusterState extends DurableObject {
     const probeWith = probeSettings(cluster);
     await Promise.all(
       cluster.nodes.map(async (n) => {
-        const ok = await probe(n.url, probeWith);
+        const ok = await probeNode(this.env as unknown as Record<string, unknown>, { ...n, reach: n.reach ?? {} }, probeWith);
         const h = this.health.get(n.id);
         if (h) onProbe(h, ok, Date.now(), s);
       }),
@@ -484,15 +495,4 @@ const slimDecision = (d: Decision): Decision => ({ prefill: slimRole(d.prefill),
 
 function newCounters(): NodeCounters {
   return { prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 };
-}
-
-async function probe(origin: string, { path, timeoutMs }: ProbeSettings): Promise<boolean> {
-  try {
-    // a redirect is not a healthy node (and is never followed)
-    const res = await fetch(new URL(path, origin), { signal: AbortSignal.timeout(timeoutMs), redirect: "manual" });
-    await res.body?.cancel();
-    return res.ok;
-  } catch {
-    return false;
-  }
 }

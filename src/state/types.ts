@@ -1,4 +1,6 @@
 import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
+import type { NodeReach } from "../config/schema";
+import type { UsageDetailsVerdict } from "../observability/usage-details";
 import type { BreakerState, HealthSettings } from "./health";
 
 /** The part of the cluster document the Durable Object needs; sent with every call that routes. */
@@ -15,6 +17,9 @@ export interface ClusterView {
     weight: number;
     drain: boolean;
     models?: string[] | undefined;
+    /** how the node is reached and its token's secret name, for the probes (src/forward/node-fetch.ts); absent in views stored before them */
+    reach?: NodeReach | undefined;
+    apiKeySecret?: string | undefined;
   }>;
 }
 
@@ -48,8 +53,11 @@ export interface RouteRequest {
 
 export type RouteResponse = { ok: true; leaseId: string | null; decision: Decision } | { ok: false; error: SelectionError | { kind: "stale_view" } };
 
-/** How a leg ended, as far as the node's health is concerned. */
-export type LegOutcome = "ok" | "failure" | "client_error" | "aborted";
+/**
+ * How a leg ended, as far as the node's health is concerned. `busy`: the node answered 503/429
+ * (full, not broken): failed over, counted neither as a failure nor as a success.
+ */
+export type LegOutcome = "ok" | "failure" | "client_error" | "aborted" | "busy";
 
 export interface LegReport {
   node: string;
@@ -65,6 +73,8 @@ export interface FinishReport {
   status: number;
   /** short hash of the client's API key, counted per key (never the key) */
   keyLabel?: string;
+  /** whether P's answer carried prompt_tokens_details (observability/usage-details.ts) */
+  usageDetails?: { node: string; reported: boolean };
   prefill?: LegReport;
   decode?: LegReport;
 }
@@ -90,6 +100,8 @@ export interface NodeStatus {
   lastFailureAt: number;
   inflight: { prefill: number; decode: number; tokens: number };
   requestsTotal: { prefill: number; decode: number };
+  /** whether the node's prefill answers carry prompt_tokens_details (observability/usage-details.ts) */
+  usageDetails?: UsageDetailsVerdict;
 }
 
 export interface ClusterSnapshot {

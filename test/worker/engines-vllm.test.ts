@@ -25,12 +25,14 @@ async function decodeHandles(ids: string[]) {
 describe("a vLLM KV handle is single-use: a D retry gets a fresh handle from P", () => {
   beforeEach(fresh);
 
+  // released: the router frees the failed attempt's handle only when no D got it (a reset); a D
+  // that answered, or held the request until the timeout, tells P itself (src/forward/handle-release.ts)
   it.each([
-    ["answers 500", { mode: "status500" }, {}, false],
-    ["resets the connection", { mode: "reset" }, {}, false],
-    ["sends no first byte in time (stream)", { mode: "hang" }, { decodeFirstByteMs: 300 }, true],
-    ["sends no answer in time (non-streamed)", { mode: "hang" }, { nonStreamMs: 300 }, false],
-  ] as const)("D that %s: P runs again, every D attempt had its own handle, the answer is this prompt's", async (_name, broken, timeouts, stream) => {
+    ["answers 500", { mode: "status500" }, {}, false, false],
+    ["resets the connection", { mode: "reset" }, {}, false, true],
+    ["sends no first byte in time (stream)", { mode: "hang" }, { decodeFirstByteMs: 300 }, true, false],
+    ["sends no answer in time (non-streamed)", { mode: "hang" }, { nonStreamMs: 300 }, false, false],
+  ] as const)("D that %s: P runs again, every D attempt had its own handle, the answer is this prompt's", async (_name, broken, timeouts, stream, released) => {
     await vllm([P("p0"), D("d0"), D("d1")], { timeouts });
     await fault("d0", broken);
     // round robin: of two requests, one meets the broken d0 first and is retried on d1
@@ -51,15 +53,20 @@ describe("a vLLM KV handle is single-use: a D retry gets a fresh handle from P",
     expect(p0.requests.vllmPrefill).toBe(3);
     expect((await stats("d1")).staleHandleReads).toBe(0);
     expect((await stats("d1")).foreignHandleReads).toBe(0);
-    // the failed attempt's handle is read by no D: it is released, not held for kvHoldTimeoutMs
-    const held = await waitFor(
-      () => stats("p0"),
-      (s) => s.heldHandles === 0,
-      2000,
-      "p0 holds no handle",
-    );
-    expect(held.expiredHandles).toBe(0);
+    if (released) {
+      // the failed attempt's handle is read by no D: it is released, not held for kvHoldTimeoutMs
+      const held = await waitFor(
+        () => stats("p0"),
+        (s) => s.heldHandles === 0,
+        2000,
+        "p0 holds no handle",
+      );
+      expect(held.expiredHandles).toBe(0);
+    }
     await expectNoLoad();
+    // D had the handle (it answered, or held the request): a release would be a second word to P about it (a false alarm)
+    const releases = (await decodeHandles(["d0", "d1"])).filter((a) => a.model === "pd-edge-router-release");
+    expect(releases).toHaveLength(released ? 1 : 0);
   });
 });
 
@@ -96,7 +103,7 @@ describe("prefill blocks that no D will read are released promptly", () => {
     await expectNoLoad();
   });
 
-  it("the client leaves after P answered, before D admitted the request: P's blocks are released", async () => {
+  it("the client leaves while D holds the request, before its first byte: no release (D's own abort path tells P)", async () => {
     await vllm([P("p0"), D("d0")]);
     // d0 takes the connection but does nothing with it for 1.5 s (the handle is not read)
     await fault("d0", { mode: "slow", delayMs: 1500, count: 1 });
@@ -116,19 +123,10 @@ describe("prefill blocks that no D will read are released promptly", () => {
     expect((await stats("p0")).heldHandles).toBe(1);
     controller.abort();
     await expect(pending).rejects.toThrow();
-    const started = Date.now();
-    const p0 = await waitFor(
-      () => stats("p0"),
-      (s) => s.heldHandles === 0,
-      3000,
-      "p0 holds no handle",
-    );
-    expect(Date.now() - started).toBeLessThan(3000);
-    expect(p0.releasedHandles).toBe(1);
-    expect(p0.heldBlocks).toBe(0);
-    const release = (await kvParamsReceived("d0")).find((r) => r.model === "pd-edge-router-release");
-    expect(release?.kv.do_remote_prefill).toBe(true);
     await expectNoLoad();
+    // vLLM cancels the request when the router's connection closes and tells P itself
+    // (src/forward/handle-release.ts); a release from the router would reach P a second time
+    expect((await kvParamsReceived("d0")).filter((r) => r.model === "pd-edge-router-release")).toHaveLength(0);
   });
 
   it("clients that leave at any moment leave no handle held", async () => {

@@ -1,0 +1,56 @@
+import type { UpstreamFailure } from "./upstream";
+
+// When the router may release a KV handle P holds (vllm's NIXL handle, vllm-mooncake's
+// transfer) after a decode attempt that did not produce an answer.
+//
+// A release is a request D rejects in its serving layer (src/forward/vllm.ts `releaseBody`),
+// which makes D tell P that the handle will not be read. If a D already read the handle, or
+// already told P itself, P no longer knows the request and logs
+//   ERROR "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker"
+// (vllm nixl/worker.py `_get_new_notifs`) — the operator's sign of KV corruption. So the router
+// releases only when no vLLM server got the handle at all. When one did, vLLM frees P's blocks
+// itself on every path:
+// - its serving layer refused the request or was cancelled before the engine got it:
+//   `_with_kv_transfer_rejection_cleanup` (vllm entrypoints/openai/engine/serving.py, later
+//   generate/base/serving.py) notifies P from its `finally` (vLLM >= 0.21, PR #41269);
+// - the engine had it but had not scheduled it (our abort when the client left, or a timeout):
+//   NixlConnectorScheduler.request_finished sees do_remote_prefill still set and queues an empty
+//   read whose notification frees P's blocks (nixl/scheduler.py; the same branch in
+//   MooncakeConnectorScheduler.request_finished, mooncake_connector.py);
+// - it scheduled it: D reads the blocks (`_read_blocks` in start_load_kv) and notifies P.
+// A stream's headers mean the serving layer handed the request on (vLLM sends them before the
+// engine's first output); without them the router cannot tell whether the engine has it, so
+// it leaves the handle to D. Where no D will ever tell P (D's host unreachable mid-request),
+// P frees the blocks at its own timeout (docs/engines.md).
+
+/** What the router saw of a decode attempt that carried a KV handle and gave no answer. */
+export type DecodeContact =
+  /** the request ended before D was sent the handle */
+  | "unsent"
+  /** the connection failed: no server on D's side got the request */
+  | "unreachable"
+  /** a status from something in front of the engine (a proxy, a tunnel, an Access login, a redirect) */
+  | "refused_in_front"
+  /** the engine's serving layer refused it (a JSON error): vLLM >= 0.21 has told P itself */
+  | "refused_by_engine"
+  /** no answer in time, the request ended while D had it, or D answered 200: the engine may have it */
+  | "maybe_admitted";
+
+export function decodeContact(f: UpstreamFailure): DecodeContact {
+  switch (f.kind) {
+    case "connect":
+      return "unreachable";
+    case "status":
+      return f.answeredBy === "engine" ? "refused_by_engine" : "refused_in_front";
+    case "timeout":
+    case "aborted":
+    case "broken":
+    case "protocol":
+      return "maybe_admitted";
+  }
+}
+
+/** True when no D may have read (or will report on) the handle: only then does the router release it. */
+export function releasesUnreadHandle(contact: DecodeContact): boolean {
+  return contact === "unsent" || contact === "unreachable" || contact === "refused_in_front";
+}
