@@ -1,0 +1,109 @@
+// Issue 18 item 7: P's unread KV handle is released only when no D may have read it. A release
+// is a request D rejects before admission, which makes D tell P to free the handle (vLLM >= 0.21,
+// docs/engines.md); if a D already read it, or already told P itself, P logs "Potentially
+// invalid KV blocks for unrecognized request" — the operator's sign of KV corruption. So the
+// router releases when no engine got the handle (unreachable, or refused by something in front
+// of the engine) and leaves it to D when D's engine had it (its refusal, its abort path, its read).
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { decodeContact, releasesUnreadHandle } from "../../src/forward/handle-release";
+import { UpstreamFailure } from "../../src/forward/upstream";
+import { chat, control, expectNoLoad, fault, post, putCluster, resetClusterState, resetSim } from "./helpers";
+import { answerText, expectedPrefix, kvParamsReceived, stats, waitFor } from "./engines-helpers";
+
+const rr = { prefill: "round_robin", decode: "round_robin" };
+const RELEASE = "pd-edge-router-release";
+const releasesAt = async (ids: string[]) => (await Promise.all(ids.map(kvParamsReceived))).flat().filter((r) => r.model === RELEASE);
+
+describe("7. which failed decode attempts release P's handle (what the router saw of D)", () => {
+  const f = (kind: UpstreamFailure["kind"], answeredBy: "engine" | "front" | null = null, status: number | null = null) =>
+    new UpstreamFailure("decode", "d0", kind, "x", status, null, answeredBy);
+  it.each([
+    ["the connection failed", f("connect"), true],
+    ["a proxy, tunnel or Access page answered (not JSON)", f("status", "front", 502), true],
+    ["a redirect (an Access login)", f("status", "front", 302), true],
+    ["the engine refused it (JSON)", f("status", "engine", 500), false],
+    ["the engine was busy (JSON 503)", f("status", "engine", 503), false],
+    ["no answer in time", f("timeout"), false],
+    ["the request ended while D had it", f("aborted"), false],
+    ["D broke off after its headers", f("broken"), false],
+    ["D answered something unusable", f("protocol"), false],
+  ] as const)("%s -> release: %s", (_what, failure, release) => {
+    expect(releasesUnreadHandle(decodeContact(failure))).toBe(release);
+  });
+  it("a request that ended before D was sent the handle releases it", () => {
+    expect(releasesUnreadHandle("unsent")).toBe(true);
+  });
+});
+
+describe("7. releases through the Worker, against the strict simulator", () => {
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      timeouts: { decodeFirstByteMs: 300 },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+    });
+  });
+  afterEach(resetSim);
+
+  /** Two requests: round robin sends one of them to the faulty d0 first; both end on d1 with this prompt's answer. */
+  async function twoRequests(stream = false) {
+    for (const content of ["release case one", "release case two"]) {
+      const body = chat(content, { stream });
+      const res = await post("/v1/chat/completions", body);
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-pd-decode")).toBe("d1");
+      const text = await res.text();
+      expect(stream ? text.includes(expectedPrefix(body)) : answerText(JSON.parse(text)).startsWith(expectedPrefix(body))).toBe(true);
+    }
+    await expectNoLoad();
+  }
+
+  it("D refused by a proxy in front of it (an HTML 502): released through the next D, P holds nothing", async () => {
+    await fault("d0", { mode: "respond", status: 502, headers: { "content-type": "text/html" }, body: "<html>502 Bad Gateway</html>", count: 1 });
+    await twoRequests();
+    const p0 = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      2000,
+      "p0 holds no handle",
+    );
+    expect(p0.releasedHandles).toBe(1);
+    expect(await releasesAt(["d1"])).toHaveLength(1);
+  });
+
+  it("D's engine refused it (a JSON 503): no release — the engine told P itself (vLLM >= 0.21)", async () => {
+    await fault("d0", { mode: "respond", status: 503, headers: { "content-type": "application/json" }, body: '{"error":{"message":"busy"}}', count: 1 });
+    await twoRequests();
+    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
+  });
+
+  it("D sent its stream's headers, then nothing before decodeFirstByteMs: no release — D's engine had it", async () => {
+    await fault("d0", { mode: "silent", delayMs: 2000, count: 1 });
+    await twoRequests(true);
+    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
+  });
+
+  it("D unreachable: released through the next D", async () => {
+    await control("/engines/d0/stop", {});
+    try {
+      await twoRequests();
+      const p0 = await waitFor(
+        () => stats("p0"),
+        (s) => s.heldHandles === 0,
+        2000,
+        "p0 holds no handle",
+      );
+      expect(p0.releasedHandles).toBe(1);
+      expect(await releasesAt(["d1"])).toHaveLength(1);
+    } finally {
+      await control("/engines/d0/start", {});
+    }
+  });
+});
