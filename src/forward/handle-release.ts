@@ -18,9 +18,12 @@ import type { UpstreamFailure } from "./upstream";
 //   read whose notification frees P's blocks (nixl/scheduler.py; the same branch in
 //   MooncakeConnectorScheduler.request_finished, mooncake_connector.py);
 // - it scheduled it: D reads the blocks (`_read_blocks` in start_load_kv) and notifies P.
-// A stream's headers mean the serving layer handed the request on (vLLM sends them before the
-// engine's first output); without them the router cannot tell whether the engine has it, so
-// it leaves the handle to D. Where no D will ever tell P (D's host unreachable mid-request),
+// For a stream, D's headers are the line: vLLM's serving layer sends them as soon as it returns
+// the StreamingResponse, and only then does iterating it submit the request to the engine
+// (AsyncLLM.generate adds the request on its first step). A stream that produced no headers
+// within decodeFirstByteMs was never handed to D's engine: D's server is stuck, nobody else
+// will tell P, and the router releases. A non-streamed answer has no headers before its end, so
+// a timeout there says nothing: left to D. Where no D will ever tell P (D's host lost mid-request),
 // P frees the blocks at its own timeout (docs/engines.md).
 
 /** What the router saw of a decode attempt that carried a KV handle and gave no answer. */
@@ -33,16 +36,19 @@ export type DecodeContact =
   | "refused_in_front"
   /** the engine's serving layer refused it (a JSON error): vLLM >= 0.21 has told P itself */
   | "refused_by_engine"
-  /** no answer in time, the request ended while D had it, or D answered 200: the engine may have it */
+  /** a stream that produced no headers within its timeout: D's server never handed it to its engine */
+  | "stuck_before_engine"
+  /** a non-streamed answer not in time, the request ended while D had it, or D answered 200: the engine may have it */
   | "maybe_admitted";
 
-export function decodeContact(f: UpstreamFailure): DecodeContact {
+export function decodeContact(f: UpstreamFailure, stream: boolean): DecodeContact {
   switch (f.kind) {
     case "connect":
       return "unreachable";
     case "status":
       return f.answeredBy === "engine" ? "refused_by_engine" : "refused_in_front";
     case "timeout":
+      return stream && !f.headersSeen ? "stuck_before_engine" : "maybe_admitted";
     case "aborted":
     case "broken":
     case "protocol":
@@ -52,5 +58,5 @@ export function decodeContact(f: UpstreamFailure): DecodeContact {
 
 /** True when no D may have read (or will report on) the handle: only then does the router release it. */
 export function releasesUnreadHandle(contact: DecodeContact): boolean {
-  return contact === "unsent" || contact === "unreachable" || contact === "refused_in_front";
+  return contact === "unsent" || contact === "unreachable" || contact === "refused_in_front" || contact === "stuck_before_engine";
 }

@@ -26,10 +26,12 @@ export type FailureKind = "connect" | "timeout" | "status" | "aborted" | "protoc
 const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
 
 /**
- * Statuses of a node that is full, not broken: SGLang answers 503 when its request queue is full
- * (--max-queued-requests), gateways and rate limiters in front of an engine answer 429 or 503.
- * The request goes to the next node, and the node is not counted towards ejection: a load spike
- * must not eject every decode node at once.
+ * Statuses of a node that is full, not broken, by HTTP's own definition: 503 "temporary overload
+ * or scheduled maintenance" (RFC 9110 15.6.4) and 429 "too many requests" (RFC 6585), answered by
+ * an engine's admission control or the gateway or rate limiter in front of it, often with a
+ * retry-after. The request goes to the next node, and the node is not counted towards ejection:
+ * a load spike must not eject every decode node at once. A node that is down is still caught by
+ * the probes and by every other failure.
  */
 const BUSY_STATUSES = new Set([429, 503]);
 
@@ -62,6 +64,8 @@ export class UpstreamFailure extends Error {
     readonly answeredBy: "engine" | "front" | null = null,
     /** for a busy status: how long the node asked to be left alone (retry-after, ms) */
     public retryAfterMs: number | null = null,
+    /** the node's response headers had arrived before the leg failed */
+    readonly headersSeen = false,
   ) {
     super(message);
     this.name = "UpstreamFailure";
@@ -200,7 +204,7 @@ export class Leg {
   failure(err: unknown, kind: FailureKind, what: string): UpstreamFailure {
     if (err instanceof UpstreamFailure) return err;
     const { leg, node } = this.call;
-    if (this.timedOut) return new UpstreamFailure(leg, node.id, "timeout", `${leg} node ${node.id} ${this.timedOut}`);
+    if (this.timedOut) return new UpstreamFailure(leg, node.id, "timeout", `${leg} node ${node.id} ${this.timedOut}`, null, null, null, null, this.response !== undefined);
     if (this.call.signal.aborted) return new UpstreamFailure(leg, node.id, "aborted", "the request ended");
     return new UpstreamFailure(leg, node.id, kind, `${leg} node ${node.id} ${what}: ${(err as Error)?.message ?? String(err)}`);
   }

@@ -2,8 +2,9 @@
 // is a request D rejects before admission, which makes D tell P to free the handle (vLLM >= 0.21,
 // docs/engines.md); if a D already read it, or already told P itself, P logs "Potentially
 // invalid KV blocks for unrecognized request" — the operator's sign of KV corruption. So the
-// router releases when no engine got the handle (unreachable, or refused by something in front
-// of the engine) and leaves it to D when D's engine had it (its refusal, its abort path, its read).
+// router releases when no engine got the handle (unreachable, refused by something in front of
+// the engine, a stream D's server never answered) and leaves it to D when D's engine may have it
+// (its own refusal, its abort path, its read).
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { decodeContact, releasesUnreadHandle } from "../../src/forward/handle-release";
 import { UpstreamFailure } from "../../src/forward/upstream";
@@ -15,20 +16,23 @@ const RELEASE = "pd-edge-router-release";
 const releasesAt = async (ids: string[]) => (await Promise.all(ids.map(kvParamsReceived))).flat().filter((r) => r.model === RELEASE);
 
 describe("7. which failed decode attempts release P's handle (what the router saw of D)", () => {
-  const f = (kind: UpstreamFailure["kind"], answeredBy: "engine" | "front" | null = null, status: number | null = null) =>
-    new UpstreamFailure("decode", "d0", kind, "x", status, null, answeredBy);
+  const f = (kind: UpstreamFailure["kind"], answeredBy: "engine" | "front" | null = null, status: number | null = null, headersSeen = false) =>
+    new UpstreamFailure("decode", "d0", kind, "x", status, null, answeredBy, null, headersSeen);
   it.each([
-    ["the connection failed", f("connect"), true],
-    ["a proxy, tunnel or Access page answered (not JSON)", f("status", "front", 502), true],
-    ["a redirect (an Access login)", f("status", "front", 302), true],
-    ["the engine refused it (JSON)", f("status", "engine", 500), false],
-    ["the engine was busy (JSON 503)", f("status", "engine", 503), false],
-    ["no answer in time", f("timeout"), false],
-    ["the request ended while D had it", f("aborted"), false],
-    ["D broke off after its headers", f("broken"), false],
-    ["D answered something unusable", f("protocol"), false],
-  ] as const)("%s -> release: %s", (_what, failure, release) => {
-    expect(releasesUnreadHandle(decodeContact(failure))).toBe(release);
+    // [what, failure, stream, release]
+    ["the connection failed", f("connect"), false, true],
+    ["a proxy, tunnel or Access page answered (not JSON)", f("status", "front", 502), false, true],
+    ["a redirect (an Access login)", f("status", "front", 302), false, true],
+    ["the engine refused it (JSON)", f("status", "engine", 500), false, false],
+    ["the engine was busy (JSON 503)", f("status", "engine", 503), true, false],
+    ["a stream: no headers in time (D's server never gave it to its engine)", f("timeout"), true, true],
+    ["a stream: headers, then no first byte in time", f("timeout", null, null, true), true, false],
+    ["non-streamed: no answer in time (D may be generating)", f("timeout"), false, false],
+    ["the request ended while D had it", f("aborted"), true, false],
+    ["D broke off after its headers", f("broken"), true, false],
+    ["D answered something unusable", f("protocol"), false, false],
+  ] as const)("%s -> release: %s", (_what, failure, stream, release) => {
+    expect(releasesUnreadHandle(decodeContact(failure, stream))).toBe(release);
   });
   it("a request that ended before D was sent the handle releases it", () => {
     expect(releasesUnreadHandle("unsent")).toBe(true);
@@ -88,6 +92,19 @@ describe("7. releases through the Worker, against the strict simulator", () => {
     await fault("d0", { mode: "silent", delayMs: 2000, count: 1 });
     await twoRequests(true);
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
+  });
+
+  it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck): released through the next D", async () => {
+    await fault("d0", { mode: "hang", count: 1 });
+    await twoRequests(true);
+    const p0 = await waitFor(
+      () => stats("p0"),
+      (s) => s.heldHandles === 0,
+      2000,
+      "p0 holds no handle",
+    );
+    expect(p0.releasedHandles).toBe(1);
+    expect(await releasesAt(["d1"])).toHaveLength(1);
   });
 
   it("D unreachable: released through the next D", async () => {

@@ -25,12 +25,13 @@ async function decodeHandles(ids: string[]) {
 describe("a vLLM KV handle is single-use: a D retry gets a fresh handle from P", () => {
   beforeEach(fresh);
 
-  // released: the router frees the failed attempt's handle only when no D got it (a reset); a D
-  // that answered, or held the request until the timeout, tells P itself (src/forward/handle-release.ts)
+  // released: the router frees the failed attempt's handle only when no D engine got it (a reset,
+  // a stream without even headers); an engine that answered, or may be generating, tells P itself
+  // (src/forward/handle-release.ts)
   it.each([
     ["answers 500", { mode: "status500" }, {}, false, false],
     ["resets the connection", { mode: "reset" }, {}, false, true],
-    ["sends no first byte in time (stream)", { mode: "hang" }, { decodeFirstByteMs: 300 }, true, false],
+    ["sends no first byte in time (stream)", { mode: "hang" }, { decodeFirstByteMs: 300 }, true, true],
     ["sends no answer in time (non-streamed)", { mode: "hang" }, { nonStreamMs: 300 }, false, false],
   ] as const)("D that %s: P runs again, every D attempt had its own handle, the answer is this prompt's", async (_name, broken, timeouts, stream, released) => {
     await vllm([P("p0"), D("d0"), D("d1")], { timeouts });
