@@ -27,9 +27,10 @@ const DROPPED_ON_PREFILL = ["stream_options", "min_tokens", "min_completion_toke
 /** P's body: the client's bytes with the prefill-only members set (nothing re-serialised). */
 export function vllmPrefillBody(raw: string, parsed: Record<string, unknown>, kvParams = PREFILL_KV_PARAMS): string {
   // the Responses API (vLLM accepts kv_transfer_params there too) names its limit max_output_tokens;
-  // `store: false` on P: vLLM keeps every stored response in a dict it never evicts
-  // (vllm entrypoints/openai/responses/serving.py `response_store`), and P's one-token answer
-  // is never asked for again — the conversation continues on D, which stored the real one
+  // `store: false` on P: with VLLM_ENABLE_RESPONSES_API_STORE on, vLLM keeps every stored
+  // response in a dict it never evicts (vllm entrypoints/openai/serving_responses.py
+  // `response_store`: "we never remove responses from the store"), and P's one-token answer is
+  // never asked for again — the conversation continues on D, which stored the real one
   if ("input" in parsed && !("messages" in parsed) && !("prompt" in parsed)) {
     return withFields(raw, { stream: "false", max_output_tokens: "1", store: "false", kv_transfer_params: kvParams }, DROPPED_ON_PREFILL);
   }
