@@ -43,7 +43,8 @@ describe("client auth on the pass-through and native routes", () => {
 
     for (const [path, body] of ROUTES) {
       const res = await send(path, body, bearer(ALT_KEY));
-      expect({ path, status: res.status }).toEqual({ path, status: 200 });
+      // past auth; the Responses API is refused under sglang (issue 18 item 5: no bootstrap fields reach SGLang's engine)
+      expect({ path, status: res.status }).toEqual({ path, status: path === "/v1/responses" ? 400 : 200 });
       await res.text();
     }
     for (const r of [...(await received("p0")), ...(await received("d0"))]) {
