@@ -209,7 +209,8 @@ async function route(
       raw,
       parsed: body,
       path,
-      stream: body.stream === true,
+      // one-hop routes never stream (forwardOneHop refuses `stream`)
+      stream: !oneHop && body.stream === true,
       life,
       timeouts: config.timeouts,
       retries: RETRIES,
@@ -364,6 +365,14 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, modelRequired);
+  // These routes answer one JSON body whatever `stream` says: vLLM ignores the unknown field
+  // (OpenAIBaseModel, extra="allow", vllm entrypoints/openai/protocol.py), SGLang's /tokenize
+  // keeps it and answers 501 (TokenizeRequest extra="allow", OpenAIServingBase dispatching on
+  // `request.stream`, sgl-project/sglang entrypoints/openai/serving_base.py). Expecting a stream,
+  // or forwarding one, would blame a healthy node for the client's request.
+  if (body.stream !== undefined && body.stream !== null && body.stream !== false) {
+    throw badRequest(`'stream' is not supported on ${path}: it answers one JSON body.`, "stream", "unsupported_parameter");
+  }
   const routed = await route(c, "completion", path, raw, body, requestId, true);
   return singleResponse(c, "completion", body, requestId, routed);
 }
@@ -376,6 +385,9 @@ export async function forwardGenerate(c: Ctx): Promise<Response> {
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, false);
+  // SGLang streams on any truthy `stream` (GenerateReqInput, managers/io_struct.py): only a
+  // boolean says the same thing to the router and to the engine
+  if (body.stream !== undefined && typeof body.stream !== "boolean") throw badRequest("Invalid value for 'stream': must be a boolean.", "stream", "invalid_type");
   const routed = await route(c, "completion", "/generate", raw, body, requestId);
   return singleResponse(c, "completion", body, requestId, routed);
 }
