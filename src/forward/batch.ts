@@ -6,6 +6,26 @@ import type { DecodeSource, SourceRead, StreamEnd } from "./decode-source";
 // prompt: choice indexes as one engine would have numbered them (prompt i, sample j -> i*n + j,
 // vLLM's serving_completion.py), usage summed, streams interleaved in order of arrival.
 
+/**
+ * Prompts one batched /v1/completions may carry; above it the request is refused (400 naming
+ * `prompt`) before anything is sent. vLLM sets no limit; the router's comes from what a prompt
+ * costs a Worker invocation and what a failing batch costs the GPUs:
+ * - Subrequests (developers.cloudflare.com/workers/platform/limits/#subrequests): 10,000 an
+ *   invocation on Workers Paid (1,000 in earlier revisions, and for calls to Cloudflare services
+ *   such as Durable Objects), 50 on Free. One prompt costs 4-5 (the route call, P, D, the finish
+ *   call, P's report when it cannot ride with the finish) plus a lease renewal every 20 s. When
+ *   nodes fail it costs up to ~33: the route call twice (a new document), then per D attempt
+ *   (at most 3) up to 9 — P tried on up to 3 nodes with 2 failover calls and its report, D, D's
+ *   failover call and the release of P's unread handle — plus the finish call, and Mooncake's
+ *   bootstrap query an attempt. 16 prompts x 33 = 528 stays within 1,000 with ten minutes of
+ *   renewals to spare.
+ * - Simultaneous connections: six waiting for response headers an invocation; a P leg waits
+ *   for its headers for the whole prefill, so 16 prompts' prefills run in about three waves.
+ * - A batch fails as a whole when one prompt fails: a larger batch throws away more GPU work
+ *   (up to 15 finished prompts here) and is likelier to meet a failure.
+ */
+export const MAX_BATCH_PROMPTS = 16;
+
 /** An event of a batched stream is parsed to renumber its choices; one larger than this cannot be, and fails the batch. */
 export const MAX_BATCH_EVENT_CHARS = 1 << 20;
 

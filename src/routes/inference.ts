@@ -13,6 +13,7 @@ import { fixUsage, fixUsageInBody, sseUsageRewriter, type ChunkRewriter } from "
 import { DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-scan";
+import { chargeRateLimit } from "../auth/client-access";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
@@ -26,10 +27,10 @@ import { traceContext } from "../observability/trace";
 import { editMembers } from "../forward/json-text";
 import { sha256Hex } from "../routing/hash";
 import { responseKeyMaterial } from "../routing/affinity-key";
-import { batchFeed, mergeCompletions, type CompletionObject } from "../forward/batch";
+import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
-export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
+export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
 type Ctx = Context<AppEnv>;
 
 const PROTOCOLS: Record<Protocol, (ctx: ForwardContext) => Promise<DecodeAnswer>> = {
@@ -340,7 +341,18 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
   const raw = await c.req.text();
   const body = parseInferenceRequest(raw, kind);
   const prompts = kind === "completion" ? batchPrompts(body) : null;
-  if (prompts) return forwardBatch(c, path, raw, body, prompts, requestId);
+  if (prompts) {
+    if (prompts.length > MAX_BATCH_PROMPTS) {
+      throw badRequest(
+        `Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS} (each becomes its own prefill and decode request). Send the rest in further requests.`,
+        "prompt",
+        "too_many_prompts",
+      );
+    }
+    // the rate limiter counted one request: a batch is as many as it has prompts
+    await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
+    return forwardBatch(c, path, raw, body, prompts, requestId);
+  }
   return singleResponse(c, kind, body, requestId, await route(c, kind, path, raw, body, requestId));
 }
 

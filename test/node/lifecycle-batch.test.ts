@@ -1,9 +1,11 @@
-// Issue 19, item 1, over real TCP against the Worker in workerd: a batched streaming
+// Issue 19, items 1 and 4, over real TCP against the Worker in workerd: a batched streaming
 // /v1/completions (a list of prompts, one P/D pair a prompt, merged into one stream) whose client
-// leaves at every moment or stops reading, or one of whose prompts fails. One P and one D, so
+// leaves at every moment or stops reading, or one of whose prompts fails; and the cap on prompts a
+// request, counted as its prompts by the metrics and the rate limiter. One P and one D, so
 // every prompt of a batch meets the same engines; timeouts, CLIENT_STALL_MS and LEASE_TTL_MS are
 // small so each case ends in about a second.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { MAX_BATCH_PROMPTS } from "../../src/forward/batch";
 import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 import { startScriptedEngine, sseHead, writeDrained, type ScriptedEngine } from "./scripted-engine";
 
@@ -19,6 +21,8 @@ let rig: Rig;
 let fat: ScriptedEngine;
 let doc: unknown;
 const FAT_EVENTS = 400;
+const RATE_LIMIT = 40;
+const RATE_PERIOD_S = 60;
 const FAT_EVENT_CHARS = 64 << 10;
 
 beforeAll(async () => {
@@ -36,7 +40,9 @@ beforeAll(async () => {
       { id: "p0", role: "prefill" },
       { id: "d0", role: "decode" },
     ],
-    vars: { LEASE_TTL_MS: 3000, CLIENT_STALL_MS: STALL_MS },
+    vars: { LEASE_TTL_MS: 3000, CLIENT_STALL_MS: STALL_MS, RATE_LIMIT_PERIOD_S: RATE_PERIOD_S },
+    // keyed by the client's address (no API_KEYS here): only requests that send cf-connecting-ip are limited
+    rateLimit: { limit: RATE_LIMIT, period: RATE_PERIOD_S },
     document: (url) =>
       (doc = {
         protocol: "vllm",
@@ -243,5 +249,66 @@ describe("1. a batched stream whose client leaves: every prompt's legs closed, e
     } finally {
       await rig.putDocument(doc);
     }
+  });
+});
+
+describe(`4. a batch has at most ${MAX_BATCH_PROMPTS} prompts, and counts as its prompts`, () => {
+  const requestsTotal = async (status: number) =>
+    Number(new RegExp(`pd_router_requests_total\\{route="/v1/completions",status="${status}"\\} (\\d+)`).exec(await rig.metrics())?.[1] ?? 0);
+
+  it(`${MAX_BATCH_PROMPTS + 1} prompts: 400 naming 'prompt', nothing sent upstream`, async () => {
+    const before = await rig.engineStats();
+    const res = await request(rig.url, { path: "/v1/completions", body: batchBody(MAX_BATCH_PROMPTS + 1, { stream: false, max_tokens: 2 }) });
+    expect(res.status).toBe(400);
+    const error = JSON.parse(res.body).error;
+    expect(error).toMatchObject({ type: "invalid_request_error", param: "prompt" });
+    expect(error.message).toContain(String(MAX_BATCH_PROMPTS));
+    const after = await rig.engineStats();
+    expect(after.p0!.requests.total).toBe(before.p0!.requests.total);
+    expect(after.d0!.requests.total).toBe(before.d0!.requests.total);
+  });
+
+  it(`${MAX_BATCH_PROMPTS} prompts: answered, and counted as ${MAX_BATCH_PROMPTS} requests in the metrics`, async () => {
+    const before = await requestsTotal(200);
+    const res = await request(rig.url, { path: "/v1/completions", body: batchBody(MAX_BATCH_PROMPTS, { stream: false, max_tokens: 2 }) });
+    expect(res.status).toBe(200);
+    expect(JSON.parse(res.body).choices).toHaveLength(MAX_BATCH_PROMPTS);
+    await until(
+      "the batch counted",
+      () => requestsTotal(200),
+      (n) => n >= before + MAX_BATCH_PROMPTS,
+      3000,
+    );
+    expect(await requestsTotal(200)).toBe(before + MAX_BATCH_PROMPTS);
+    await expectReleased(rig, 2000);
+  });
+
+  it(`the rate limiter counts a batch as its prompts: ${RATE_LIMIT} a minute is three batches of ${MAX_BATCH_PROMPTS}, and the refused one sends nothing`, async () => {
+    const ip = `198.51.100.${1 + Math.floor(Math.random() * 250)}`;
+    let limited: { status: number; body: string; headers: Record<string, unknown> } | null = null;
+    let answered = 0;
+    let upstreamBefore = 0;
+    // ceil(40 / 16) = 3 batches; twice that should the limiter's fixed window turn over once
+    for (let i = 0; i < 6 && !limited; i++) {
+      upstreamBefore = (await rig.engineStats()).p0!.requests.total;
+      const res = await request(rig.url, {
+        path: "/v1/completions",
+        body: batchBody(MAX_BATCH_PROMPTS, { stream: false, max_tokens: 1 }),
+        headers: { "cf-connecting-ip": ip },
+      });
+      if (res.status === 429) limited = res;
+      else {
+        expect(res.status, res.body).toBe(200);
+        answered++;
+      }
+    }
+    expect(limited, `${answered} batches of ${MAX_BATCH_PROMPTS} answered, none refused`).not.toBeNull();
+    expect(JSON.parse(limited!.body).error).toMatchObject({ type: "rate_limit_error", code: "rate_limit_exceeded" });
+    expect(limited!.headers["retry-after"]).toBe(String(RATE_PERIOD_S));
+    expect((await rig.engineStats()).p0!.requests.total).toBe(upstreamBefore);
+    // a client of its own address is not limited by it
+    const other = await request(rig.url, { path: "/v1/completions", body: batchBody(2, { stream: false, max_tokens: 1 }), headers: { "cf-connecting-ip": "203.0.113.9" } });
+    expect(other.status).toBe(200);
+    await expectReleased(rig, 2000);
   });
 });
