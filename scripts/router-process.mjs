@@ -26,6 +26,7 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
  * @property {number} [inspectorPort] devtools port (set it when running several routers at once)
  * @property {number} [startTimeoutMs] how long to wait for GET /healthz 200, default 90000
  * @property {(line: string) => void} [onOutput] receives wrangler's output lines (default: kept, shown on failure)
+ * @property {{ limit: number, period: number }} [rateLimit] workerd runtime only: a RATE_LIMITER binding (simple limit a period)
  * @property {'wrangler' | 'workerd'} [runtime] `wrangler` (default): `wrangler dev`, as a developer runs it;
  *   `workerd`: the same Worker in workerd through Miniflare, without the dev proxy (scripts/workerd-router.mjs)
  */
@@ -47,7 +48,8 @@ export async function startRouter(options) {
     const documentFile = path.join(persistDir, 'nodes.json');
     writeFileSync(documentFile, documentText);
     const varArgs = Object.entries(vars).map(([key, value]) => `${key}=${value}`);
-    command = { cmd: process.execPath, args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs] };
+    const rateLimitArgs = options.rateLimit ? ['--ratelimit', `${options.rateLimit.limit}/${options.rateLimit.period}`] : [];
+    command = { cmd: process.execPath, args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs, ...rateLimitArgs] };
   } else {
     const put = await run(
       WRANGLER.cmd,

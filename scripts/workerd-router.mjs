@@ -9,6 +9,7 @@
 //   --entry PATH            the Worker's entry point (default <cwd>/src/index.ts)
 //   --bare                  no KV and no Durable Object: a plain Worker (documentFile is ignored, pass -)
 //   --inspector-port N      workerd's V8 inspector on 127.0.0.1:N (CPU profiles; bench/profile.mjs)
+//   --ratelimit LIMIT/PERIOD a RATE_LIMITER binding (wrangler.toml's optional [[ratelimits]]), for tests
 import { build } from 'esbuild';
 import { readFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
@@ -66,6 +67,9 @@ const mf = new Miniflare({
         durableObjectsPersist: path.join(persistDir, 'do'),
       }),
   bindings,
+  ...(typeof flags.ratelimit === 'string'
+    ? { ratelimits: { RATE_LIMITER: { simple: { limit: Number(flags.ratelimit.split('/')[0]), period: Number(flags.ratelimit.split('/')[1]) } } } }
+    : {}),
 });
 const url = await mf.ready;
 if (!bare) await (await mf.getKVNamespace('NODES')).put('nodes', readFileSync(documentFile, 'utf8'));

@@ -29,7 +29,9 @@ export interface ClientAccessOptions {
  */
 const INFERENCE_PATHS = new Set(["/v1/chat/completions", "/v1/completions"]);
 
-export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandler<{ Bindings: Env; Variables: { keyLabel?: string } }> {
+type AccessEnv = { Bindings: Env; Variables: { keyLabel?: string; rateLimitKey?: string } };
+
+export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandler<AccessEnv> {
   return async function clientAccess(c, next) {
     const keys = apiKeys(c.env);
     let label: string | null = null;
@@ -50,26 +52,39 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
       else background(c, clusterState(c.env).countKey(label));
     }
 
-    const limiter = c.env.RATE_LIMITER;
-    if (limiter) {
-      const ip = c.req.header("cf-connecting-ip");
-      const key = label !== null ? `key:${label}` : ip ? `ip:${ip}` : null;
-      if (key !== null) {
-        const outcome = await limiter.limit({ key }).catch((err: unknown) => {
-          // A broken limiter must not take the API down: fail open, loudly.
-          console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
-          return { success: true };
-        });
-        if (!outcome.success) {
-          const retryAfter = options.retryAfterSeconds ?? periodSeconds(c.env.RATE_LIMIT_PERIOD_S);
-          throw new RouterError(429, "Rate limit reached for requests. Retry after the time given in the retry-after header.", "rate_limit_error", "rate_limit_exceeded", null, {
-            "retry-after": String(retryAfter),
-          });
-        }
-      }
+    const ip = c.req.header("cf-connecting-ip");
+    const key = label !== null ? `key:${label}` : ip ? `ip:${ip}` : null;
+    if (key !== null && c.env.RATE_LIMITER) {
+      c.set("rateLimitKey", key);
+      await chargeRateLimit(c.env, key, 1, options);
     }
     await next();
   };
+}
+
+/**
+ * Counts `requests` more against the caller's limit (RATE_LIMITER, the key the middleware
+ * chose, `rateLimitKey`): one for every request, and a batched /v1/completions one more for each further
+ * prompt — each prompt is a request to the GPUs. The binding counts one a call and has no
+ * weight, so it is called once a request counted, in parallel. Throws 429 when over the limit.
+ */
+export async function chargeRateLimit(env: Env, key: string | undefined, requests: number, options: ClientAccessOptions = {}): Promise<void> {
+  const limiter = env.RATE_LIMITER;
+  if (!limiter || !key || requests < 1) return;
+  const outcomes = await Promise.all(
+    Array.from({ length: requests }, () =>
+      limiter.limit({ key }).catch((err: unknown) => {
+        // A broken limiter must not take the API down: fail open, loudly.
+        console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
+        return { success: true };
+      }),
+    ),
+  );
+  if (outcomes.every((o) => o.success)) return;
+  const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
+  throw new RouterError(429, "Rate limit reached for requests. Retry after the time given in the retry-after header.", "rate_limit_error", "rate_limit_exceeded", null, {
+    "retry-after": String(retryAfter),
+  });
 }
 
 /**

@@ -34,6 +34,8 @@ export interface DecodeAnswer {
   body: { kind: "stream"; reader: ReadableStreamDefaultReader<Uint8Array>; first: Uint8Array } | { kind: "json"; text: string };
   /** vllm: P's token counts, which the client's usage must show */
   prefillUsage: PrefillUsage | null;
+  /** sglang, vllm-mooncake: P's failure once P failed after D's answer began (P and D run at once) */
+  partnerFailure?: () => UpstreamFailure | null;
 }
 
 /** Jittered exponential backoff between failover attempts (25 ms, 50 ms, ... each +-50%). */

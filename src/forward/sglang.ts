@@ -23,7 +23,11 @@ export function sglangBody(raw: string, host: string, port: number, room: string
 
 /**
  * Runs P's leg to the end of its answer (headers, then the body, within prefillMs) beside D's:
- * P's body text when it went well, else throws its failure. `onFail` aborts the partner D.
+ * P's body text when it went well, else throws its failure. `onFail` (given P's failure) aborts
+ * the partner D. A stream P answers with an error event failed too: SGLang sends its stream's
+ * headers at once, so a prefill that fails later (a KV transfer that broke) can only say so in
+ * the stream (sgl-project/sglang entrypoints/openai/serving_chat.py, serving_completions.py:
+ * `create_streaming_error_response` then `[DONE]`).
  */
 export function runConcurrentPrefill(
   ctx: ForwardContext,
@@ -31,7 +35,7 @@ export function runConcurrentPrefill(
   body: string,
   upstreamId: string,
   signal: AbortSignal,
-  onFail: () => void,
+  onFail: (failure: UpstreamFailure) => void,
   headers?: Record<string, string>,
 ): Promise<string> {
   const started = Date.now();
@@ -43,16 +47,36 @@ export function runConcurrentPrefill(
       } finally {
         leg.close();
       }
+      const error = (leg.response.headers.get("content-type") ?? "").includes("text/event-stream") ? streamErrorOf(text) : null;
+      if (error !== null) throw leg.protocolFailure(`answered its stream with an error event: ${error}`);
       ctx.life.prefillDone({ node: p.id, outcome: "ok", ms: Date.now() - started });
       return text;
     })
     .catch((err: unknown) => {
       const failure = asFailure(err, "prefill", p.id);
-      onFail();
+      onFail(failure);
       // P's part of the lease ends here; the failure itself is counted once, by failover or finish
       ctx.life.prefillDone({ node: p.id, outcome: "aborted" });
       throw failure;
     });
+}
+
+/** The message of the first SSE `data:` event of `text` that carries a top-level `error`, or null. */
+export function streamErrorOf(text: string): string | null {
+  if (!text.includes('"error"')) return null;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith("data:") || !line.includes('"error"')) continue;
+    try {
+      const event = JSON.parse(line.slice(5)) as { error?: unknown };
+      if (event && typeof event === "object" && event.error) {
+        const message = (event.error as { message?: unknown }).message;
+        return typeof message === "string" ? message.slice(0, 300) : "error";
+      }
+    } catch {
+      // not JSON: not an error event
+    }
+  }
+  return null;
 }
 
 /** The bodies of one concurrent attempt, and what to do with P's answer when it arrives. */
@@ -95,14 +119,17 @@ export async function forwardConcurrent(
     const prefillAbort = new AbortController();
     const decodeAbort = new AbortController();
     let prefillFailed = false;
+    /** P's own failure (not an abort): once D's answer went out, the relay ends with it instead of a clean cut */
+    let partnerFailure: UpstreamFailure | null = null;
     const prefill = runConcurrentPrefill(
       ctx,
       p,
       bodies.prefill,
       upstreamId,
       AbortSignal.any([ctx.life.signal, prefillAbort.signal]),
-      () => {
+      (failure) => {
         prefillFailed = true;
+        if (failure.kind !== "aborted") partnerFailure = failure;
         decodeAbort.abort("prefill failed");
       },
       bodies.prefillHeaders,
@@ -116,9 +143,19 @@ export async function forwardConcurrent(
     );
     try {
       const answer = await decodeAttempt(ctx, d, bodies.decode, upstreamId, AbortSignal.any([ctx.life.signal, decodeAbort.signal]));
-      // P is still finishing its answer: the request reports it when it settles.
+      // P is still finishing its answer: the request reports it when it settles. Should P fail
+      // now, D's leg is aborted and the relay ends the stream with P's failure (partnerFailure).
       ctx.life.awaitPrefill(prefillReport);
-      return { prefillNode: p.id, decodeNode: d.id, prefillMs: 0, decodeMs: answer.ms, leg: answer.leg, body: answer.body, prefillUsage };
+      return {
+        prefillNode: p.id,
+        decodeNode: d.id,
+        prefillMs: 0,
+        decodeMs: answer.ms,
+        leg: answer.leg,
+        body: answer.body,
+        prefillUsage,
+        partnerFailure: () => partnerFailure,
+      };
     } catch (err) {
       const decodeFailure = asFailure(err, "decode", d.id);
       prefillAbort.abort("decode failed");

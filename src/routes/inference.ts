@@ -9,7 +9,11 @@ import { forwardColocated } from "../forward/colocated";
 import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
-import { fixUsage, fixUsageInBody, relayStream, sseUsageRewriter, type ChunkRewriter, type StreamEnd } from "../forward/stream";
+import { fixUsage, fixUsageInBody, sseUsageRewriter, type ChunkRewriter } from "../forward/stream";
+import { DecodeSource, type StreamEnd } from "../forward/decode-source";
+import { clientStream, singleFeed } from "../forward/client-stream";
+import type { Completeness } from "../forward/sse-scan";
+import { chargeRateLimit } from "../auth/client-access";
 import { nodeAccess } from "../forward/node-fetch";
 import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
@@ -24,10 +28,10 @@ import { traceContext } from "../observability/trace";
 import { editMembers } from "../forward/json-text";
 import { sha256Hex } from "../routing/hash";
 import { responseKeyMaterial } from "../routing/affinity-key";
-import { mergeCompletions, mergeStreams, type CompletionObject } from "../forward/batch";
+import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
 import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
 
-export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string } };
+export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
 type Ctx = Context<AppEnv>;
 
 const PROTOCOLS: Record<Protocol, (ctx: ForwardContext) => Promise<DecodeAnswer>> = {
@@ -196,8 +200,17 @@ export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequ
   }
 }
 
-/** Routes one body and runs its protocol until D answered; ends the request's life on failure. */
-async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body: InferenceRequest, requestId: string, oneHop = false): Promise<Routed> {
+/** Routes one body and runs its protocol until D answered; ends the request's life on failure. `onLife`: the life, as soon as it exists. */
+async function route(
+  c: Ctx,
+  kind: RequestKind,
+  path: string,
+  raw: string,
+  body: InferenceRequest,
+  requestId: string,
+  oneHop = false,
+  onLife?: (life: RequestLife) => void,
+): Promise<Routed> {
   const { config, view, pool, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
   if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
@@ -217,6 +230,7 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     clientSignal: c.req.raw.signal,
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
   });
+  onLife?.(life);
   try {
     const routed = await life.route(request, view);
     if (!routed.ok) throw selectionFailure(routed.error);
@@ -230,7 +244,8 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
       raw,
       parsed: body,
       path,
-      stream: body.stream === true,
+      // one-hop routes never stream (forwardOneHop refuses `stream`)
+      stream: !oneHop && body.stream === true,
       life,
       timeouts: config.timeouts,
       retries: RETRIES,
@@ -257,7 +272,8 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
 }
 
 /** The events that end a complete Responses API stream (vLLM's responses/serving.py). */
-const RESPONSES_END_EVENTS = ["response.completed", "response.incomplete", "response.failed"];
+const RESPONSES_COMPLETE: Completeness = { kind: "events", types: ["response.completed", "response.incomplete", "response.failed"] };
+const DONE_COMPLETE: Completeness = { kind: "done" };
 
 const RESPONSE_ID = /"id"\s*:\s*"(resp[^"]{1,200})"/;
 
@@ -286,8 +302,8 @@ function responseIdWatcher(life: RequestLife, inner: ChunkRewriter | null): Chun
   };
 }
 
-/** D's answer as the client's body: a whole JSON text, or a relayed stream. Ends the life when the body ends. */
-function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { stream: ReadableStream<Uint8Array> } {
+/** D's answer as the client's body: a whole JSON text, or D's stream as a source to relay. Ends the life when the body ends. */
+function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
   const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
   life.responding();
@@ -302,24 +318,39 @@ function answerBody(c: Ctx, kind: RequestKind, body: InferenceRequest, { life, c
       case "ok":
         return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
       case "failure":
-        return life.end({ status: 502, outcome: "error", error: end.error, legs: { decode: decodeLeg("failure") } });
+        // D's failure counts against D; P's (after D's first byte) against P; a batch's against nobody
+        return life.end({
+          status: 502,
+          outcome: "error",
+          error: end.error,
+          legs: end.blame === "decode" ? { decode: decodeLeg("failure") } : { decode: decodeLeg("aborted"), ...(end.prefill ? { prefill: end.prefill } : {}) },
+        });
       case "aborted":
       case "stalled":
         return life.end({ status: 499, outcome: end.outcome, error: end.error, legs: { decode: decodeLeg("aborted") } });
     }
   };
-  const stream = relayStream({
+  const source = new DecodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
     rewriter: kind === "responses" ? responseIdWatcher(life, fix ? sseUsageRewriter(fix) : null) : fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : null,
     idleMs: config.timeouts.decodeIdleMs,
-    stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
+    completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
+    ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),
     onEnd,
-    waitUntil: (p) => life.background(() => p),
-    endMarkers: kind === "responses" ? RESPONSES_END_EVENTS : ["[DONE]"],
   });
-  return { stream };
+  return { source };
+}
+
+/** The client's stream: written as fast as the client reads, cut when it stops reading for CLIENT_STALL_MS. */
+function toClient(c: Ctx, feed: Parameters<typeof clientStream>[0], idleMs: number, requestId: string): ReadableStream<Uint8Array> {
+  return clientStream(feed, {
+    stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
+    idleMs,
+    // workerd drops a request's timers and I/O once its client is gone unless waitUntil holds them
+    waitUntil: (p) => background(c, p, requestId),
+  });
 }
 
 function answerHeaders(requestId: string, routed: Routed[]): Headers {
@@ -344,20 +375,31 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
   const raw = await c.req.text();
   const body = parseInferenceRequest(raw, kind);
   const prompts = kind === "completion" ? batchPrompts(body) : null;
-  if (prompts) return forwardBatch(c, path, raw, body, prompts, requestId);
+  if (prompts) {
+    if (prompts.length > MAX_BATCH_PROMPTS) {
+      throw badRequest(
+        `Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS} (each becomes its own prefill and decode request). Send the rest in further requests.`,
+        "prompt",
+        "too_many_prompts",
+      );
+    }
+    // the rate limiter counted one request: a batch is as many as it has prompts
+    await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
+    return forwardBatch(c, path, raw, body, prompts, requestId);
+  }
   return singleResponse(c, kind, body, requestId, await route(c, kind, path, raw, body, requestId));
 }
 
 function singleResponse(c: Ctx, kind: RequestKind, body: InferenceRequest, requestId: string, routed: Routed): Response {
   const headers = answerHeaders(requestId, [routed]);
-  const out = answerBody(c, kind, body, routed);
+  const out = answerBody(kind, body, routed);
   if ("json" in out) {
     headers.set("content-type", "application/json");
     return new Response(out.json, { status: 200, headers });
   }
   headers.set("content-type", "text/event-stream; charset=utf-8");
   headers.set("cache-control", "no-cache");
-  return new Response(out.stream, { status: 200, headers });
+  return new Response(toClient(c, singleFeed(out.source), routed.config.timeouts.decodeIdleMs, requestId), { status: 200, headers });
 }
 
 /**
@@ -369,6 +411,14 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, modelRequired);
+  // These routes answer one JSON body whatever `stream` says: vLLM ignores the unknown field
+  // (OpenAIBaseModel, extra="allow", vllm entrypoints/openai/protocol.py), SGLang's /tokenize
+  // keeps it and answers 501 (TokenizeRequest extra="allow", OpenAIServingBase dispatching on
+  // `request.stream`, sgl-project/sglang entrypoints/openai/serving_base.py). Expecting a stream,
+  // or forwarding one, would blame a healthy node for the client's request.
+  if (body.stream !== undefined && body.stream !== null && body.stream !== false) {
+    throw badRequest(`'stream' is not supported on ${path}: it answers one JSON body.`, "stream", "unsupported_parameter");
+  }
   const routed = await route(c, "completion", path, raw, body, requestId, true);
   return singleResponse(c, "completion", body, requestId, routed);
 }
@@ -381,6 +431,9 @@ export async function forwardGenerate(c: Ctx): Promise<Response> {
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, false);
+  // SGLang streams on any truthy `stream` (GenerateReqInput, managers/io_struct.py): only a
+  // boolean says the same thing to the router and to the engine
+  if (body.stream !== undefined && typeof body.stream !== "boolean") throw badRequest("Invalid value for 'stream': must be a boolean.", "stream", "invalid_type");
   const routed = await route(c, "completion", "/generate", raw, body, requestId);
   return singleResponse(c, "completion", body, requestId, routed);
 }
@@ -412,33 +465,45 @@ function batchPrompts(body: InferenceRequest): unknown[] | null {
  * prompts 2..N the first prompt's KV. Each prompt becomes its own P/D request (own lease and
  * log line, id `<request id>/<i>`), and the answers merge into one: choice indexes as the
  * engine would number them (prompt i, sample j -> i*n + j), usage summed, streams interleaved
- * in order of arrival with one [DONE].
+ * in order of arrival with one [DONE], pulled at the client's pace (batchFeed). One prompt that
+ * fails before the response fails the batch at once: the others' requests end with its status.
  */
 async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRequest, prompts: unknown[], requestId: string): Promise<Response> {
   const n = typeof body.n === "number" && body.n > 0 ? body.n : 1;
+  const lives: RequestLife[] = [];
+  let failed: RouterError | null = null;
+  // their legs close now instead of running for a batch that failed (a vLLM handle is released)
+  const abandon = (life: RequestLife, error: RouterError) => {
+    if (!life.isEnded) life.end({ status: error.status, outcome: error.code === "client_closed_request" ? "aborted" : "error", error: "another prompt of the batch failed" });
+  };
+  const onLife = (life: RequestLife) => {
+    lives.push(life);
+    if (failed) abandon(life, failed);
+  };
   const settled = await Promise.allSettled(
     prompts.map((prompt, i) => {
       const subRaw = editMembers(raw, { prompt: JSON.stringify(prompt) });
-      return route(c, "completion", path, subRaw, { ...body, prompt } as InferenceRequest, `${requestId}/${i}`);
+      return route(c, "completion", path, subRaw, { ...body, prompt } as InferenceRequest, `${requestId}/${i}`, false, onLife).catch((err: unknown) => {
+        const error = err instanceof RouterError ? err : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
+        failed ??= error;
+        for (const life of lives) abandon(life, failed);
+        throw err;
+      });
     }),
   );
-  const failed = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
-  const routed = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   if (failed) {
-    // one prompt failed: the batch fails as a whole, and the others' legs close now
-    for (const r of routed) {
-      r.answer.leg.abort("batch failed");
-      r.life.end({ status: 499, outcome: "aborted", error: "another prompt of the batch failed" });
-    }
-    throw failed.reason;
+    for (const life of lives) abandon(life, failed);
+    throw failed;
   }
+  const routed = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const headers = answerHeaders(requestId, routed);
-  const bodies = routed.map((r) => answerBody(c, "completion", body, r));
-  if (bodies.every((b): b is { json: string } => "json" in b)) {
+  const bodies = routed.map((r) => answerBody("completion", body, r));
+  const jsons = bodies.flatMap((b) => ("json" in b ? [b.json] : []));
+  if (jsons.length === bodies.length) {
     headers.set("content-type", "application/json");
     return new Response(
       mergeCompletions(
-        bodies.map((b) => JSON.parse(b.json) as CompletionObject),
+        jsons.map((j) => JSON.parse(j) as CompletionObject),
         n,
       ),
       { status: 200, headers },
@@ -446,9 +511,11 @@ async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRe
   }
   headers.set("content-type", "text/event-stream; charset=utf-8");
   headers.set("cache-control", "no-cache");
-  const streams = bodies.map((b) => ("stream" in b ? b.stream : new ReadableStream<Uint8Array>()));
-  return new Response(mergeStreams(streams, n, streamHasUsage("completion", body)), { status: 200, headers });
+  const sources = bodies.flatMap((b) => ("source" in b ? [b.source] : []));
+  const feed = batchFeed(sources, n, streamHasUsage("completion", body));
+  return new Response(toClient(c, feed, routed[0]!.config.timeouts.decodeIdleMs, requestId), { status: 200, headers });
 }
+
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
 export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   // The body is the one the client would send: chat when it has top-level messages.

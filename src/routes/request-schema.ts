@@ -35,6 +35,8 @@ export const CompletionRequestSchema = z
       required_error: "is required",
       invalid_type_error: "must be a string, an array of strings, or token ids",
     }),
+    // a batch's choices are numbered prompt * n + sample: the router must read n as the engine does
+    n: z.number({ invalid_type_error: "must be a positive integer" }).int("must be a positive integer").positive("must be a positive integer").optional(),
   })
   .passthrough();
 

@@ -68,6 +68,8 @@ export interface RigOptions {
   /** the cluster document, given each engine's URL and the router's own origin */
   document(url: (id: string) => string, self: string): unknown;
   vars?: Record<string, string | number>;
+  /** a RATE_LIMITER binding (none by default) */
+  rateLimit?: { limit: number; period: number };
 }
 
 export async function startRig(o: RigOptions): Promise<Rig> {
@@ -84,6 +86,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
       port,
       persistDir,
       vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0, ...o.vars },
+      ...(o.rateLimit ? { rateLimit: o.rateLimit } : {}),
       clusterDocument: o.document(url, `http://127.0.0.1:${port}`),
       onOutput: (line: string) => {
         // startRouter splits each chunk of output at newlines: a line cut by a chunk boundary
