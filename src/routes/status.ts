@@ -54,7 +54,12 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         // the page marks an ejection when this moves forward (a re-ejection between two polls too)
         ejectedUntil: n.ejectedUntil,
         lastFailureAt: n.lastFailureAt,
+        // the engine's last /metrics reading and the projection routing uses (null: never polled)
+        signals: n.signals,
       })),
+      // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
+      history: snapshot.history,
+      admission: { queued: snapshot.admission.queued, rejected: snapshot.admission.rejected },
       decisions: snapshot.decisions,
       requests: snapshot.requests,
       prefix: snapshot.prefix,

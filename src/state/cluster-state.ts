@@ -2,15 +2,21 @@ import { DurableObject } from "cloudflare:workers";
 import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
-import type { CandidateNode, Decision, Role } from "../routing/types";
+import { isBusy } from "../routing/kv-guard";
+import type { CandidateNode, Decision, GuardSettings, NodeSignals, Role } from "../routing/types";
+import { AdmissionQueue, type AdmissionSettings } from "./admission-queue";
+import { AlarmSchedule, type AlarmJob } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
 import { RoundRobinCursors } from "./cursors";
-import { breakerState, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings, type ProbeSettings } from "./health";
+import { EngineSignals, type SignalSettings } from "./engine-signals";
+import { breakerState, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings } from "./health";
 import { NodeHealthTable } from "./health-table";
 import { LeaseTable, type NodeLease } from "./leases";
+import { pollEngineMetrics, probeNode } from "./node-fetch";
+import { NodeHistory } from "./node-history";
 import { RecentShare } from "./recent-share";
 import { RouterStats } from "./router-stats";
-import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
+import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, KeyCount, LegReport, NodeSignalsStatus, RouteRequest, RouteResponse } from "./types";
 
 /**
  * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
@@ -23,8 +29,27 @@ const PREFIX_INDEX_ENTRIES = 100_000;
 const STICKY_ENTRIES = 100_000;
 /** expired leases are looked for at most this often (every route call would be wasteful) */
 const SWEEP_EVERY_MS = 1_000;
+/** SPEC 8 defaults, for a view saved before the document had these blocks */
+const DEFAULT_SIGNALS: SignalSettings = { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8 };
+const DEFAULT_ADMISSION: AdmissionSettings = { queueMs: 30_000, maxQueued: 1_000 };
+/**
+ * A request admitted after waiting holds its lease only this long until its Worker confirms it
+ * (renew): a Worker whose handler was cancelled while it waited (its client gone) never does, so
+ * no lease outlives it by more than this.
+ */
+export const ADMISSION_RESERVATION_MS = 5_000;
+/** the status page's charts: the last 15 minutes of per-node figures, a point a second at most */
+const HISTORY_KEEP_MS = 15 * 60_000;
+const HISTORY_POINTS = 1_000;
+const HISTORY_EVERY_MS = 1_000;
 
 type ViewNode = ClusterView["nodes"][number];
+type Cluster = ClusterView;
+/** a route call waiting in the admission queue, and how to answer it */
+interface QueuedRoute {
+  req: RouteRequest;
+  answer: (r: RouteResponse) => void;
+}
 
 /**
  * The one object that coordinates a node pool. A thin shell: each piece of state is a plain
@@ -41,6 +66,14 @@ export class ClusterState extends DurableObject {
   private readonly sticky = new BoundedMap<{ prefill: string; decode: string }>(STICKY_ENTRIES);
   private readonly stats = new RouterStats();
   private readonly cursors = new RoundRobinCursors();
+  private readonly signals = new EngineSignals();
+  private readonly schedule = new AlarmSchedule();
+  private readonly admission = new AdmissionQueue<QueuedRoute>();
+  /** leases admitted from the queue and not yet confirmed by their Worker, until when */
+  private readonly reservations = new Map<string, number>();
+  private readonly history = new NodeHistory(HISTORY_KEEP_MS, HISTORY_POINTS);
+  private lastSample = 0;
+  private wakeTimer: ReturnType<typeof setTimeout> | undefined;
   private lastSweep = 0;
   private readonly documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
 
@@ -61,14 +94,48 @@ export class ClusterState extends DurableObject {
 
   // ---- RPC: routing ---------------------------------------------------------------
 
-  /** Picks P and D for one request and, unless a dry run, takes its lease: one round trip. */
-  route(req: RouteRequest): RouteResponse {
+  /**
+   * Picks P and D for one request and, unless a dry run, takes its lease: one round trip. When every
+   * decode node that could serve it is busy, the call waits in the admission queue (FCFS, nothing
+   * sent upstream) until one frees or `admission.queueMs` passes; other calls go on meanwhile.
+   */
+  route(req: RouteRequest): RouteResponse | Promise<RouteResponse> {
     const now = Date.now();
     // The Worker sends the document's version; the view itself only when this object lacks it.
     if (req.cluster) this.syncCluster(req.cluster);
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.sweep(now);
+    const guarded = req.oneHop !== true;
+    const routed = this.decide(req, cluster, now, guarded);
+    if (routed.ok || routed.error.kind !== "decode_busy") return routed;
+    const busyCandidates = routed.error.candidates;
+    if (req.dryRun) {
+      // what it would get once a node frees: the picks without the guard, the candidates as they are now
+      const picked = this.decide(req, cluster, now, false);
+      if (!picked.ok) return picked;
+      const decision = { ...picked.decision, decode: { ...picked.decision.decode, candidates: busyCandidates } };
+      return { ...picked, decision, wouldWait: { queued: this.admission.size } };
+    }
+    if (req.leaseId && this.leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
+    const settings = admissionOf(cluster);
+    const retryAfterS = Math.max(1, Math.ceil(signalsOf(cluster).intervalMs / 1000));
+    const ticket = req.leaseId ?? this.leases.newId(now);
+    return new Promise<RouteResponse>((answer) => {
+      const waiter = settings.queueMs > 0 ? this.admission.enqueue(ticket, { req: { ...req, leaseId: ticket }, answer }, now, settings) : null;
+      if (!waiter) {
+        this.stats.countRejected("queue_full");
+        answer({ ok: false, error: { kind: "cluster_busy", reason: "queue_full", retryAfterS } });
+        return;
+      }
+      this.armWake();
+    });
+  }
+
+  /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
+  private decide(req: RouteRequest, cluster: Cluster, now: number, guarded: boolean): RouteResponse {
+    const s = signalsOf(cluster);
+    const guard: GuardSettings | null = guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null;
     // no model (SGLang's /generate, a tokenizer call without one): any node
     const serves = (n: ViewNode) => !n.models || !req.model || n.models.includes(req.model);
     const pool = (role: Role) => cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
@@ -97,6 +164,7 @@ export class ClusterState extends DurableObject {
       sticky,
       pinned: req.pinned === true,
       cursors: { prefill: this.cursors.prefill, decode: this.cursors.decode },
+      guard,
     });
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
@@ -127,6 +195,7 @@ export class ClusterState extends DurableObject {
       model: req.model,
     };
     this.leases.take(leaseId, lease);
+    this.signals.dispatched(d, req.tokens);
     if (lease.prefill) this.picked(lease.prefill, now);
     this.picked(d, now);
     this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
@@ -136,6 +205,8 @@ export class ClusterState extends DurableObject {
 
   /** The request still runs: its lease lives another TTL. False when it is gone (expired or released). */
   renew(leaseId: string): boolean {
+    // the first renewal of a lease admitted from the queue confirms it: its Worker is still there
+    this.reservations.delete(leaseId);
     return this.leases.renew(leaseId, Date.now());
   }
 
@@ -163,7 +234,12 @@ export class ClusterState extends DurableObject {
     if (nextIndex < 0) return { next: null };
     const next = candidates[nextIndex]!;
     lease.fallbacks[role] = candidates.slice(nextIndex + 1);
-    this.leases.move(leaseId, role, next);
+    const moved = this.leases.move(leaseId, role, next);
+    if (role === "decode") {
+      // the failed D never held the request's KV; the next one will
+      if (moved?.from) this.signals.released(moved.from, lease.tokens);
+      this.signals.dispatched(next, lease.tokens);
+    }
     this.picked(next, now);
     return { next };
   }
@@ -182,7 +258,13 @@ export class ClusterState extends DurableObject {
       this.applyOutcome(report.decode, now);
       if (report.decode.ms !== undefined && report.decode.outcome === "ok") this.stats.observeTtfb(report.decode.ms);
     }
-    if (leaseId && !this.leases.release(leaseId)) this.leases.tombstone(leaseId, now);
+    if (!leaseId) return;
+    // a request still waiting at the edge whose client left: out of the queue, never given a lease
+    const waiter = this.admission.leave(leaseId);
+    if (waiter) waiter.item.answer({ ok: false, error: { kind: "client_gone" } });
+    const released = this.leases.release(leaseId);
+    if (!released) this.leases.tombstone(leaseId, now);
+    else this.freed(released);
   }
 
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
@@ -237,6 +319,7 @@ export class ClusterState extends DurableObject {
         lastFailureAt: h.lastFailureAt,
         inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0 },
         requestsTotal: { prefill: c?.requestsPrefill ?? 0, decode: c?.requestsDecode ?? 0 },
+        signals: this.signalsStatus(n, now),
       };
     });
     return {
@@ -253,28 +336,54 @@ export class ClusterState extends DurableObject {
         ...this.stats.prefix,
       },
       latency: this.stats.latency,
+      admission: { queued: this.admission.size, wait: this.stats.admissionWait, rejected: this.stats.rejected() },
+      history: this.history.points(now),
       now,
     };
   }
 
   // ---- active health ----------------------------------------------------------------
 
-  /** Probes every node's /health, then re-arms itself. Idempotent: one alarm at a time. */
+  /**
+   * Runs the jobs due — probes of every node's health path, polls of every node's /metrics — then
+   * re-arms itself for the next one (alarm-schedule.ts). Routing never waits for it: a slow node
+   * holds only its own probe or poll, within their timeouts.
+   */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
     if (!cluster) return;
+    const jobs = this.schedule.take(periodsOf(cluster), Date.now());
+    await Promise.all([jobs.includes("probe") ? this.probeAll(cluster) : null, jobs.includes("poll") ? this.pollAll(cluster) : null]);
+    const now = Date.now();
+    this.sweep(now);
+    this.checkpointCursors();
+    this.sample(now);
+    this.admitWaiting();
+    await this.ctx.storage.setAlarm(this.schedule.next());
+  }
+
+  private async probeAll(cluster: Cluster): Promise<void> {
     const s = cluster.health;
-    const probeWith = probeSettings(cluster);
+    const { path, timeoutMs } = probeSettings(cluster);
     await Promise.all(
       cluster.nodes.map(async (n) => {
-        const ok = await probe(n.url, probeWith);
+        const ok = await probeNode(n, path, timeoutMs);
         const h = this.health.get(n.id);
         if (h) onProbe(h, ok, Date.now(), s);
       }),
     );
-    this.sweep(Date.now());
-    this.checkpointCursors();
-    await this.ctx.storage.setAlarm(Date.now() + s.intervalMs);
+  }
+
+  /** Each node's /metrics: a reading that answered replaces the last; a failure keeps it, to go stale. */
+  private async pollAll(cluster: Cluster): Promise<void> {
+    const { intervalMs } = signalsOf(cluster);
+    const timeoutMs = Math.max(1, Math.min(2_000, Math.floor(intervalMs / 2)));
+    await Promise.all(
+      cluster.nodes.map(async (n) => {
+        const reading = await pollEngineMetrics(n, timeoutMs);
+        if (reading && this.health.get(n.id)) this.signals.record(n.id, reading, Date.now());
+      }),
+    );
   }
 
   // ---- internals ----------------------------------------------------------------------
@@ -294,18 +403,25 @@ export class ClusterState extends DurableObject {
       this.prefixIndex.decode.forget(id);
       this.recent.forget(id);
       this.leases.forget(id);
+      this.signals.forget(id);
     }
+    this.schedule.configure(periodsOf(view), Date.now());
+    // new nodes or thresholds may admit requests that wait
+    if (this.admission.size > 0) queueMicrotask(() => this.admitWaiting());
   }
 
+  /** The alarm fires for the earliest job due (a new document may bring one sooner). */
   private async ensureAlarm(): Promise<void> {
     const current = await this.ctx.storage.getAlarm();
-    if (current === null && this.cluster) await this.ctx.storage.setAlarm(Date.now() + this.cluster.health.intervalMs);
+    const next = this.schedule.next();
+    if (this.cluster && (current === null || current > next)) await this.ctx.storage.setAlarm(next);
   }
 
   private candidate(n: ViewNode, role: Role, now: number): CandidateNode {
     const h = this.health.view(n.id);
     const load = this.leases.loadOf(n.id);
     return {
+      signals: role === "decode" ? this.signalView(n.id, now) : null,
       id: n.id,
       weight: n.weight,
       group: n.group ?? `node:${n.id}`,
@@ -333,16 +449,118 @@ export class ClusterState extends DurableObject {
   }
 
   /** Expired leases are released, so a request whose release was lost cannot leak load. */
-  private sweep(now: number): void {
-    if (now - this.lastSweep < SWEEP_EVERY_MS) return;
+  private sweep(now: number, force = false): void {
+    if (!force && now - this.lastSweep < SWEEP_EVERY_MS) return;
     this.lastSweep = now;
     for (const [id, lease] of this.leases.expire(now)) {
       // Its request stopped renewing without finishing (the runtime dropped it): count and log
       // it here, the one place that still knows it.
+      const unconfirmed = this.reservations.delete(id);
       this.stats.expiredLeases++;
       this.stats.countRequest(lease.route, 499);
-      console.warn(JSON.stringify({ event: "lease_expired", requestId: lease.requestId, leaseId: id, prefill: lease.prefill, decode: lease.decode, model: lease.model }));
+      this.freed(lease);
+      console.warn(
+        JSON.stringify({
+          event: unconfirmed ? "reservation_expired" : "lease_expired",
+          requestId: lease.requestId,
+          leaseId: id,
+          prefill: lease.prefill,
+          decode: lease.decode,
+          model: lease.model,
+        }),
+      );
     }
+  }
+
+  /** A decode lease ended: the projection frees its tokens, and a waiting request may fit now. */
+  private freed(lease: NodeLease): void {
+    this.signals.released(lease.decode, lease.tokens);
+    if (this.admission.size > 0) queueMicrotask(() => this.admitWaiting());
+  }
+
+  /** The node's signals as routing uses them: projected, or null when stale or never polled. */
+  private signalView(node: string, now: number): NodeSignals | null {
+    if (!this.cluster) return null;
+    const v = this.signals.view(node, now, signalsOf(this.cluster).staleMs);
+    return v ? { kvUsage: v.kvUsage, queue: v.queue, ageMs: v.ageMs } : null;
+  }
+
+  private signalsStatus(n: ViewNode, now: number): NodeSignalsStatus | null {
+    const last = this.signals.last(n.id);
+    if (!last || !this.cluster) return null;
+    const s = signalsOf(this.cluster);
+    const view = this.signals.view(n.id, now, s.staleMs);
+    const decodes = n.role === "decode" || n.role === "both";
+    const projected = view ? { kvUsage: view.kvUsage, queue: view.queue } : null;
+    return {
+      ...last.reading,
+      at: last.at,
+      ageMs: Math.max(0, now - last.at),
+      projected,
+      busy: decodes && view !== null && isBusy({ signals: view }, s),
+    };
+  }
+
+  /**
+   * Offers the waiting requests, oldest first, what the nodes can take now; expires those whose
+   * time ran out (503 cluster_busy). An admitted request's lease is a reservation until its
+   * Worker confirms it.
+   */
+  private admitWaiting(): void {
+    const cluster = this.cluster;
+    const now = Date.now();
+    this.sweep(now, this.reservations.size > 0);
+    const retryAfterS = cluster ? Math.max(1, Math.ceil(signalsOf(cluster).intervalMs / 1000)) : 1;
+    for (const w of this.admission.expire(now)) {
+      this.stats.countRejected("timeout");
+      w.item.answer({ ok: false, error: { kind: "cluster_busy", reason: "timeout", retryAfterS } });
+    }
+    this.admission.admit((w) => {
+      if (!cluster || cluster.version !== w.item.req.version) {
+        w.item.answer({ ok: false, error: { kind: "stale_view" } });
+        return true;
+      }
+      const routed = this.decide(w.item.req, cluster, now, true);
+      if (!routed.ok && routed.error.kind === "decode_busy") return false;
+      const queuedMs = now - w.enqueuedAt;
+      if (routed.ok && routed.leaseId) {
+        const until = now + Math.min(ADMISSION_RESERVATION_MS, this.leases.ttlMs);
+        const lease = this.leases.get(routed.leaseId);
+        if (lease) lease.expiresAt = until;
+        this.reservations.set(routed.leaseId, until);
+      }
+      this.stats.observeAdmissionWait(queuedMs);
+      w.item.answer(routed.ok ? { ...routed, queuedMs } : routed);
+      return true;
+    });
+    this.armWake();
+  }
+
+  /** One timer for the next thing that needs the object without a call: a queue deadline, a reservation's end. */
+  private armWake(): void {
+    clearTimeout(this.wakeTimer);
+    const deadlines = [...this.reservations.values()];
+    const queueDeadline = this.admission.nextDeadline();
+    if (queueDeadline !== null) deadlines.push(queueDeadline);
+    if (deadlines.length === 0) return;
+    const at = Math.min(...deadlines);
+    this.wakeTimer = setTimeout(() => this.admitWaiting(), Math.max(0, at - Date.now()) + 5);
+  }
+
+  /** One point of per-node figures for the status page's history. */
+  private sample(now: number): void {
+    const cluster = this.cluster;
+    if (!cluster || now - this.lastSample < HISTORY_EVERY_MS) return;
+    this.lastSample = now;
+    const staleMs = signalsOf(cluster).staleMs;
+    this.history.add({
+      t: now,
+      nodes: cluster.nodes.map((n) => {
+        const load = this.leases.loadOf(n.id);
+        const view = this.signals.view(n.id, now, staleMs);
+        return { node: n.id, inflight: (load?.prefill ?? 0) + (load?.decode ?? 0), kvUsage: view?.reported.kvUsage ?? null, queue: view?.reported.waiting ?? null };
+      }),
+    });
   }
 
   private checkpointCursors(): void {
@@ -353,16 +571,9 @@ export class ClusterState extends DurableObject {
   }
 }
 
+const signalsOf = (c: Cluster): SignalSettings => c.signals ?? DEFAULT_SIGNALS;
+const admissionOf = (c: Cluster): AdmissionSettings => c.admission ?? DEFAULT_ADMISSION;
+const periodsOf = (c: Cluster): Record<AlarmJob, number> => ({ probe: c.health.intervalMs, poll: signalsOf(c).intervalMs });
+
 const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
 const slimDecision = (d: Decision): Decision => ({ prefill: slimRole(d.prefill), decode: slimRole(d.decode), cursors: d.cursors });
-
-async function probe(origin: string, { path, timeoutMs }: ProbeSettings): Promise<boolean> {
-  try {
-    // a redirect is not a healthy node (and is never followed)
-    const res = await fetch(new URL(path, origin), { signal: AbortSignal.timeout(timeoutMs), redirect: "manual" });
-    await res.body?.cancel();
-    return res.ok;
-  } catch {
-    return false;
-  }
-}

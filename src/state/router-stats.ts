@@ -2,6 +2,9 @@ import type { Role } from "../routing/types";
 import { newHistogram, observe } from "./histogram";
 import type { ClusterSnapshot } from "./types";
 
+/** Seconds a request may wait at the edge: 10 ms to 10 minutes (admission.queueMs at most). */
+const ADMISSION_WAIT_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+
 /** The object's counters for /metrics: requests by route and status, keys, decisions, latencies, prefix lookups. */
 export class RouterStats {
   readonly #requests = new Map<string, number>();
@@ -11,6 +14,9 @@ export class RouterStats {
   readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
   readonly prefix = { lookedUpBlocks: 0, matchedBlocks: 0 };
   expiredLeases = 0;
+  /** how long admitted requests waited at the edge, and requests refused there by reason */
+  readonly admissionWait = newHistogram(ADMISSION_WAIT_BOUNDS);
+  readonly #rejected = new Map<string, number>();
 
   countRequest(route: string, status: number): void {
     bump(this.#requests, `${route}\u0000${status}`);
@@ -35,6 +41,18 @@ export class RouterStats {
   countPrefix(looked: number, matched: number): void {
     this.prefix.lookedUpBlocks += looked;
     this.prefix.matchedBlocks += matched;
+  }
+
+  observeAdmissionWait(ms: number): void {
+    observe(this.admissionWait, ms);
+  }
+
+  countRejected(reason: string): void {
+    bump(this.#rejected, reason);
+  }
+
+  rejected(): Array<{ reason: string; count: number }> {
+    return [...this.#rejected].map(([reason, count]) => ({ reason, count }));
   }
 
   keyCounts(): Array<{ key: string; count: number }> {
