@@ -26,7 +26,7 @@ const SCRIPT = `
   let previous = null;
   let timer = null;
   const samples = [];   // { t, data }
-  let history = [];     // the object's per-node points: { t, nodes: [{ node, inflight, kvUsage, queue }] }
+  let kept = [];        // the object's per-node points: { t, nodes: [{ node, inflight, kvUsage, queue }] }
   const events = [];    // { t, node, kind: "failure" | "eject" | "down" | "up", count }
   const colours = new Map();
 
@@ -103,7 +103,7 @@ const SCRIPT = `
     const total = [], p50 = [], p99 = [], hit = [];
     // before this tab's first sample: the object's history
     const firstSample = samples.length ? samples[0].t : Infinity;
-    for (const point of history) {
+    for (const point of kept) {
       if (point.t >= firstSample) break;
       for (const m of point.nodes) {
         if (inflight.has(m.node)) inflight.get(m.node).push([point.t, m.inflight]);
@@ -184,7 +184,7 @@ const SCRIPT = `
     return [d.getHours(), d.getMinutes(), d.getSeconds()].map((x) => String(x).padStart(2, "0")).join(":");
   }
   function domain(now) {
-    const first = Math.min(samples.length ? samples[0].t : now, history.length ? history[0].t : now);
+    const first = Math.min(samples.length ? samples[0].t : now, kept.length ? kept[0].t : now);
     const from = Math.max(now - VIEW_MS, Math.min(first, now - MIN_VIEW_MS));
     return [from, now];
   }
@@ -329,7 +329,7 @@ const SCRIPT = `
       " | protocol " + (cfg.protocol || "-") + " | policy " + (cfg.policy ? cfg.policy.prefill + "/" + cfg.policy.decode + ", pdGroup " + cfg.policy.pdGroup : "-");
     $("config").className = cfg.valid ? "" : "bad";
     noteEvents(data, previous);
-    if (Array.isArray(data.history)) history = data.history;
+    if (Array.isArray(data.history)) kept = data.history;
     samples.push({ t: data.now, data });
     while (samples.length && samples[0].t < data.now - KEEP_MS) samples.shift();
     while (events.length && events[0].t < data.now - KEEP_MS) events.shift();

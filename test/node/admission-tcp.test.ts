@@ -54,7 +54,12 @@ describe("a client that leaves while its request waits at the edge (over TCP)", 
     // a first routed request hands the document to the object, whose alarm then polls every second
     const warm = new RawClient(rig.port, { body: { model: "sim-model", messages: [{ role: "user", content: "warm" }], max_tokens: 2 } });
     await warm.waitEnded(20000);
-    await until("d0 busy", () => rig.metrics(), (t) => /pd_router_node_busy\{node="d0"\} 1/.test(t), 10000);
+    await until(
+      "d0 busy",
+      () => rig.metrics(),
+      (t) => /pd_router_node_busy\{node="d0"\} 1/.test(t),
+      10000,
+    );
 
     const sentBefore = (await rig.engineStats()).d0!.requests.total;
     const id = `tcp-queued-leaver-${Date.now()}`;
@@ -62,7 +67,12 @@ describe("a client that leaves while its request waits at the edge (over TCP)", 
       body: { model: "sim-model", messages: [{ role: "user", content: "I will not wait" }], max_tokens: 200, stream: true },
       headers: { "x-request-id": id },
     });
-    await until("queued", () => gauge("pd_router_admission_queued"), (n) => n === 1, 10000);
+    await until(
+      "queued",
+      () => gauge("pd_router_admission_queued"),
+      (n) => n === 1,
+      10000,
+    );
     client.leave();
     // measured: the handler is not told, so the request keeps its place
     await sleep(1500);
@@ -70,10 +80,20 @@ describe("a client that leaves while its request waits at the edge (over TCP)", 
     expect((await rig.engineStats()).d0!.requests.total).toBe(sentBefore);
 
     fronts.d0!.set(free);
-    await until("admitted", () => gauge("pd_router_admission_queued"), (n) => n === 0, 10000);
+    await until(
+      "admitted",
+      () => gauge("pd_router_admission_queued"),
+      (n) => n === 0,
+      10000,
+    );
     await expectReleased(rig, STALL_MS + 4000);
     await expectEnginesIdle(rig, 3000);
-    await until("one log line", async () => rig.requestLogs(id).length, (n) => n >= 1, 5000);
+    await until(
+      "one log line",
+      async () => rig.requestLogs(id).length,
+      (n) => n >= 1,
+      5000,
+    );
     await sleep(300);
     const logs = rig.requestLogs(id);
     expect(logs).toHaveLength(1);
@@ -83,10 +103,20 @@ describe("a client that leaves while its request waits at the edge (over TCP)", 
 
   it("a waiting client that stays is answered once the node frees, nothing sent upstream before", async () => {
     fronts.d0!.set(busy);
-    await until("d0 busy", () => rig.metrics(), (t) => /pd_router_node_busy\{node="d0"\} 1/.test(t), 10000);
+    await until(
+      "d0 busy",
+      () => rig.metrics(),
+      (t) => /pd_router_node_busy\{node="d0"\} 1/.test(t),
+      10000,
+    );
     const before = (await rig.engineStats()).d0!.requests.total;
     const client = new RawClient(rig.port, { body: { model: "sim-model", messages: [{ role: "user", content: "I wait" }], max_tokens: 4 } });
-    await until("queued", () => gauge("pd_router_admission_queued"), (n) => n === 1, 10000);
+    await until(
+      "queued",
+      () => gauge("pd_router_admission_queued"),
+      (n) => n === 1,
+      10000,
+    );
     expect((await rig.engineStats()).d0!.requests.total).toBe(before);
     fronts.d0!.set(free);
     expect(await client.waitEnded(15000)).toBe(true);
