@@ -262,6 +262,7 @@ export class ClusterState extends DurableObject {
     // a request still waiting at the edge whose client left: out of the queue, never given a lease
     const waiter = this.admission.leave(leaseId);
     if (waiter) waiter.item.answer({ ok: false, error: { kind: "client_gone" } });
+    this.reservations.delete(leaseId);
     const released = this.leases.release(leaseId);
     if (!released) this.leases.tombstone(leaseId, now);
     else this.freed(released);
@@ -510,6 +511,8 @@ export class ClusterState extends DurableObject {
     const cluster = this.cluster;
     const now = Date.now();
     this.sweep(now, this.reservations.size > 0);
+    // confirmed, released or expired: no longer a reservation to watch
+    for (const [id, until] of this.reservations) if (until <= now || !this.leases.get(id)) this.reservations.delete(id);
     const retryAfterS = cluster ? Math.max(1, Math.ceil(signalsOf(cluster).intervalMs / 1000)) : 1;
     for (const w of this.admission.expire(now)) {
       this.stats.countRejected("timeout");
