@@ -213,15 +213,18 @@ export function recordAnswered(c: Context<{ Bindings: Env; Variables: { requestI
  * The shared state as operators see it. Passing the served document's view to the Durable
  * Object makes every configured node appear (at 0) before any request was routed.
  */
-export async function readClusterStatus(env: Env): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
+export async function readClusterStatus(
+  env: Env,
+  { history = false }: { history?: boolean } = {},
+): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
   const config = await currentConfig(env);
   const whole = clusterState(env);
   const pools = config.config ? nodePools(config.config) : [];
   // one object per independent node pool; the whole cluster's also counts refused requests and keys
   const [keys, wholeSnapshot, ...poolSnapshots] = await Promise.all([
     whole.keyCounts(),
-    pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0])) : whole.snapshot(),
-    ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p))) : []),
+    pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0]), history) : whole.snapshot(undefined, history),
+    ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p), history)) : []),
   ]);
   return { config, snapshot: mergeSnapshots(wholeSnapshot, poolSnapshots), keys };
 }

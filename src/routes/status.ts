@@ -27,7 +27,7 @@ statusRoutes.get("/status", async (c) => {
 });
 
 statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async (c) => {
-  const { config, snapshot } = await readClusterStatus(c.env);
+  const { config, snapshot } = await readClusterStatus(c.env, { history: true });
   return c.json(
     {
       now: snapshot.now,

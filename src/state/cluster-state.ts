@@ -297,7 +297,8 @@ export class ClusterState extends DurableObject {
     return this.stats.keyCounts();
   }
 
-  snapshot(cluster?: ClusterView): ClusterSnapshot {
+  /** Shared state as operators see it; `withHistory`: include the status page's per-node history (kept off /metrics). */
+  snapshot(cluster?: ClusterView, withHistory = false): ClusterSnapshot {
     const now = Date.now();
     if (cluster) this.syncCluster(cluster);
     this.sweep(now);
@@ -338,7 +339,7 @@ export class ClusterState extends DurableObject {
       },
       latency: this.stats.latency,
       admission: { queued: this.admission.size, wait: this.stats.admissionWait, rejected: this.stats.rejected() },
-      history: this.history.points(now),
+      history: withHistory ? this.history.points(now) : [],
       now,
     };
   }
