@@ -106,6 +106,8 @@ export class ClusterState extends DurableObject {
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.sweep(now);
+    // first come first served: those already waiting get what has freed before a newcomer does
+    if (!req.dryRun && this.admission.size > 0) this.admitWaiting();
     const guarded = req.oneHop !== true;
     const routed = this.decide(req, cluster, now, guarded);
     if (routed.ok || routed.error.kind !== "decode_busy") return routed;
@@ -519,13 +521,21 @@ export class ClusterState extends DurableObject {
       this.stats.countRejected("timeout");
       w.item.answer({ ok: false, error: { kind: "cluster_busy", reason: "timeout", retryAfterS } });
     }
+    // Requests for the same model see the same decode nodes: once one is refused in this pass, the
+    // rest are too (a pinned request depends on its own node, so it is always tried).
+    const refused = new Set<string>();
     this.admission.admit((w) => {
       if (!cluster || cluster.version !== w.item.req.version) {
         w.item.answer({ ok: false, error: { kind: "stale_view" } });
         return true;
       }
+      const alike = w.item.req.pinned ? null : w.item.req.model;
+      if (alike !== null && refused.has(alike)) return false;
       const routed = this.decide(w.item.req, cluster, now, true);
-      if (!routed.ok && routed.error.kind === "decode_busy") return false;
+      if (!routed.ok && routed.error.kind === "decode_busy") {
+        if (alike !== null) refused.add(alike);
+        return false;
+      }
       const queuedMs = now - w.enqueuedAt;
       if (routed.ok && routed.leaseId) {
         const until = now + Math.min(ADMISSION_RESERVATION_MS, this.leases.ttlMs);
