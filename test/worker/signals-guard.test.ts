@@ -94,6 +94,29 @@ describe("the decode KV guard", () => {
   });
 });
 
+describe("the guard under colocated serving", () => {
+  it("one hop goes to the node whose cache has room", async () => {
+    await setMetrics("d0", kv(0.95));
+    await setMetrics("d1", kv(0.96));
+    await setMetrics("c0", kv(0.1));
+    await putNodes(
+      [
+        { id: "c0", role: "both" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+      { protocol: "colocated" },
+    );
+    await poll();
+    for (let i = 0; i < 4; i++) {
+      const res = await post("/v1/chat/completions", chatBody(`colocated ${i}`));
+      expect(res.status).toBe(200);
+      await res.arrayBuffer();
+      expect([res.headers.get("x-pd-prefill"), res.headers.get("x-pd-decode")]).toEqual(["c0", "c0"]);
+    }
+  });
+});
+
 describe("a node whose /metrics misbehaves is ignored safely", () => {
   it.each([
     ["garbage (an HTML page)", { mode: "garbage" as const }],
