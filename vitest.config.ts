@@ -23,7 +23,7 @@ export default defineConfig({
           include: ["test/worker/**/*.test.ts"],
           // the operations tests need the secrets set: they run in worker-secured
           exclude: ["test/worker/ops-*.test.ts"],
-          globalSetup: ["./test/global-setup.ts"],
+          globalSetup: ["./test/global-setup.ts", "./test/signals-global-setup.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
         },

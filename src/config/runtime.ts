@@ -73,6 +73,8 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
       protocol: config.protocol,
       policy: config.policy,
       health: config.health,
+      signals: config.signals,
+      admission: config.admission,
       nodes: pool.nodes.map((n) => ({
         id: n.id,
         url: n.url,

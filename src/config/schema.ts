@@ -147,6 +147,26 @@ const HealthSchema = z
   })
   .strict();
 
+// ---- engine signals and admission (SPEC 8) ----
+// signals: how often the object polls each node's /metrics, when a reading is too old to use, and
+// the decode KV guard's thresholds. admission: how long and how many requests may wait at the
+// edge when every decode node that could serve them is busy.
+const SignalsSchema = z
+  .object({
+    intervalMs: positiveInt.min(1_000, "must be at least 1000 (ms): engines pay for every scrape").max(3_600_000, "must be at most 3600000 (1 hour)").default(5_000),
+    staleMs: positiveInt.min(1_000, "must be at least 1000 (ms)").max(86_400_000, "must be at most 86400000 (1 day)").default(15_000),
+    kvBusy: z.number().gt(0, "must be above 0").max(1, "must be at most 1").default(0.9),
+    queueBusy: positiveInt.max(100_000, "must be at most 100000").default(8),
+  })
+  .strict();
+
+const AdmissionSchema = z
+  .object({
+    queueMs: z.number().int().min(0, "must be 0 (no waiting) or more").max(600_000, "must be at most 600000 (10 minutes)").default(30_000),
+    maxQueued: z.number().int().min(0, "must be 0 (no queue) or more").max(100_000, "must be at most 100000").default(1000),
+  })
+  .strict();
+
 export const ClusterDocumentSchema = z
   .object({
     protocol: z.enum(["vllm", "vllm-mooncake", "sglang", "colocated"]).optional(),
@@ -155,6 +175,8 @@ export const ClusterDocumentSchema = z
     health: HealthSchema.default({}),
     // how every node is reached unless it names its own `reach`
     reach: ReachSchema.optional(),
+    signals: SignalsSchema.default({}),
+    admission: AdmissionSchema.default({}),
     nodes: z.array(NodeSchema).min(1, "must list at least one node"),
   })
   .strict();
@@ -249,6 +271,9 @@ function usabilityProblems(config: ClusterConfig): Problem[] {
   const h = config.health;
   if (h.probeTimeoutMs !== undefined && h.probeTimeoutMs >= h.intervalMs) {
     problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs}), or probes overlap` });
+  }
+  if (config.signals.staleMs <= config.signals.intervalMs) {
+    problems.push({ path: "signals.staleMs", message: `must be above signals.intervalMs (${config.signals.intervalMs}), or every reading is stale before the next poll` });
   }
   if (h.ejectMaxMs < h.ejectBaseMs) {
     problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs}), or the ejection backoff never grows` });

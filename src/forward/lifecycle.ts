@@ -57,7 +57,8 @@ export class RequestLife {
   readonly chosen = { prefill: "", decode: "" };
   decision: Decision | null = null;
   failOpen: Role[] = [];
-  readonly timings: { routeMs?: number; prefillMs?: number; decodeMs?: number } = {};
+  /** queueMs: time the route call waited at the edge for a decode node that is not busy */
+  readonly timings: { routeMs?: number; queueMs?: number; prefillMs?: number; decodeMs?: number } = {};
   /** Durable Object calls made, and how many of them the response waited for */
   private stateCalls = 0;
   /** the calls awaited (route, failover): a call sent in the background costs the response nothing */
@@ -119,6 +120,12 @@ export class RequestLife {
     // The object has another version of the document (new, or evicted): send it once.
     if (!routed.ok && routed.error.kind === "stale_view") routed = await this.awaited(this.o.state.route({ ...request, cluster: view }));
     this.timings.routeMs = Date.now() - this.started;
+    if (routed.ok && routed.queuedMs !== undefined) {
+      this.timings.queueMs = routed.queuedMs;
+      // Admitted after waiting: the lease is a reservation until this confirms the request is
+      // still here (a handler cancelled while it waited never does; cluster-state.ts).
+      if (!this.ended) this.o.waitUntil(this.call(this.o.state.renew(this.leaseId)));
+    }
     if (!routed.ok) return routed;
     // The client left during the call: end() has sent finish, which releases the lease (or, had
     // it overtaken the call, left a tombstone so the lease was never taken).
@@ -255,6 +262,7 @@ export class RequestLife {
       status: e.status,
       outcome: e.outcome,
       routeMs: this.timings.routeMs,
+      queueMs: this.timings.queueMs,
       prefillMs: this.timings.prefillMs,
       decodeTtfbMs: this.timings.decodeMs,
       totalMs: Date.now() - this.started,

@@ -16,6 +16,8 @@ export interface RequestLog {
   status: number;
   outcome: string;
   routeMs?: number | undefined;
+  /** time waited at the edge for a decode node that is not busy (admission queue) */
+  queueMs?: number | undefined;
   prefillMs?: number | undefined;
   decodeTtfbMs?: number | undefined;
   totalMs: number;

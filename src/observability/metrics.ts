@@ -4,7 +4,8 @@ import { nodePools } from "../config/pools";
 import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import type { RouterError } from "../errors";
-import type { ClusterSnapshot, KeyCount } from "../state/types";
+import type { HistoryPoint } from "../state/node-history";
+import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
 import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
 
@@ -16,6 +17,7 @@ export interface MetricsInput {
 }
 
 const BREAKER_STATES = ["closed", "open", "half_open"] as const;
+const ADMISSION_REJECTIONS = ["queue_full", "timeout"] as const;
 
 /** The metric families of the router (docs/operations.md lists them). Pure: no env, no clock. */
 export function clusterMetrics({ snapshot, keys, config }: MetricsInput): MetricFamily[] {
@@ -98,6 +100,48 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
     },
     { name: "pd_router_decode_ttfb_seconds", help: "Time from sending the decode leg to its first byte.", type: "histogram", samples: [snapshot.latency.ttfb] },
     { name: "pd_router_prefill_seconds", help: "Time the prefill leg took (until P answered).", type: "histogram", samples: [snapshot.latency.prefill] },
+    {
+      name: "pd_router_node_kv_usage",
+      help: "KV cache use the engine reported at its last /metrics poll (0..1); present once a poll answered.",
+      type: "gauge",
+      samples: nodes.flatMap((n) => (n.signals?.kvUsage != null ? [{ labels: { node: n.id }, value: n.signals.kvUsage }] : [])),
+    },
+    {
+      name: "pd_router_node_queue",
+      help: "Requests waiting in the engine's queue at its last /metrics poll; present once a poll answered.",
+      type: "gauge",
+      samples: nodes.flatMap((n) => (n.signals?.waiting != null ? [{ labels: { node: n.id }, value: n.signals.waiting }] : [])),
+    },
+    {
+      name: "pd_router_node_signals_age_seconds",
+      help: "Age of the node's last /metrics reading (older than signals.staleMs: routing ignores it).",
+      type: "gauge",
+      samples: nodes.flatMap((n) => (n.signals ? [{ labels: { node: n.id }, value: n.signals.ageMs / 1000 }] : [])),
+    },
+    {
+      name: "pd_router_node_busy",
+      help: "1 when the decode KV guard finds the node busy (projected KV use >= signals.kvBusy or queue >= signals.queueBusy).",
+      type: "gauge",
+      samples: nodes.flatMap((n) => (n.signals ? [{ labels: { node: n.id }, value: n.signals.busy ? 1 : 0 }] : [])),
+    },
+    {
+      name: "pd_router_admission_queued",
+      help: "Requests waiting at the edge for a decode node that is not busy.",
+      type: "gauge",
+      samples: [{ value: snapshot.admission.queued }],
+    },
+    {
+      name: "pd_router_admission_wait_seconds",
+      help: "How long requests admitted from the edge queue waited.",
+      type: "histogram",
+      samples: [snapshot.admission.wait],
+    },
+    {
+      name: "pd_router_admission_rejected_total",
+      help: "Requests answered 503 cluster_busy at the edge: queue_full (admission.maxQueued reached) or timeout (waited admission.queueMs).",
+      type: "counter",
+      samples: ADMISSION_REJECTIONS.map((reason) => ({ labels: { reason }, value: snapshot.admission.rejected.find((r) => r.reason === reason)?.count ?? 0 })),
+    },
     { name: "pd_router_leases", help: "Requests holding a load lease in the Durable Object.", type: "gauge", samples: [{ value: snapshot.leases }] },
     {
       name: "pd_router_leases_expired_total",
@@ -169,15 +213,18 @@ export function recordAnswered(c: Context<{ Bindings: Env; Variables: { requestI
  * The shared state as operators see it. Passing the served document's view to the Durable
  * Object makes every configured node appear (at 0) before any request was routed.
  */
-export async function readClusterStatus(env: Env): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
+export async function readClusterStatus(
+  env: Env,
+  { history = false }: { history?: boolean } = {},
+): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
   const config = await currentConfig(env);
   const whole = clusterState(env);
   const pools = config.config ? nodePools(config.config) : [];
   // one object per independent node pool; the whole cluster's also counts refused requests and keys
   const [keys, wholeSnapshot, ...poolSnapshots] = await Promise.all([
     whole.keyCounts(),
-    pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0])) : whole.snapshot(),
-    ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p))) : []),
+    pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0]), history) : whole.snapshot(undefined, history),
+    ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p), history)) : []),
   ]);
   return { config, snapshot: mergeSnapshots(wholeSnapshot, poolSnapshots), keys };
 }
@@ -195,7 +242,7 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
     }
     return [...m.values()].map(({ item, n }) => make(item, n));
   };
-  const histogram = (pick: (s: ClusterSnapshot) => ClusterSnapshot["latency"]["ttfb"]) => {
+  const histogram = (pick: (s: ClusterSnapshot) => Histogram) => {
     const first = pick(all[0]!);
     return {
       bounds: first.bounds,
@@ -229,6 +276,31 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
       matchedBlocks: pools.reduce((n, s) => n + s.prefix.matchedBlocks, 0),
     },
     latency: { ttfb: histogram((s) => s.latency.ttfb), prefill: histogram((s) => s.latency.prefill) },
+    admission: {
+      queued: all.reduce((n, s) => n + s.admission.queued, 0),
+      wait: histogram((s) => s.admission.wait),
+      rejected: sum(
+        all.flatMap((s) => s.admission.rejected),
+        (r) => r.reason,
+        (r) => r.count,
+        (r, count) => ({ ...r, count }),
+      ),
+    },
+    history: mergeHistory(pools.map((p) => p.history)),
     now: Math.max(...all.map((s) => s.now)),
   };
+}
+
+/** The pools' histories as one: each pool samples on its own alarm, so a point joins the nodes every pool had last at that time. */
+export function mergeHistory(histories: HistoryPoint[][]): HistoryPoint[] {
+  if (histories.length <= 1) return histories[0] ?? [];
+  const times = [...new Set(histories.flatMap((h) => h.map((p) => p.t)))].sort((a, b) => a - b);
+  return times.map((t) => ({
+    t,
+    nodes: histories.flatMap((h) => {
+      let last: HistoryPoint | undefined;
+      for (const p of h) if (p.t <= t) last = p;
+      return last?.nodes ?? [];
+    }),
+  }));
 }

@@ -22,7 +22,7 @@ import { affinityKey, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import { DEFAULT_LEASE_TTL_MS } from "../state/cluster-state";
-import type { ClusterView, LegReport, RouteRequest } from "../state/types";
+import type { AdmissionError, ClusterView, LegReport, RouteRequest } from "../state/types";
 import { background } from "../observability/log";
 import { traceContext } from "../observability/trace";
 import { editMembers } from "../forward/json-text";
@@ -124,8 +124,18 @@ function loopingNodes(config: ClusterConfig, requestUrl: string): string[] {
 /** Per document: its nodes by id. */
 const nodesById = new WeakMap<ClusterConfig, Map<string, NodeConfig>>();
 
-export function selectionFailure(error: SelectionError | { kind: "stale_view" }): RouterError {
+export function selectionFailure(error: SelectionError | { kind: "stale_view" } | AdmissionError): RouterError {
   switch (error.kind) {
+    case "decode_busy":
+    case "cluster_busy": {
+      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the admission queue is full" : "no decode node freed up in time";
+      const retryAfter = error.kind === "cluster_busy" ? error.retryAfterS : 1;
+      return new RouterError(503, `Every decode node that could serve this request is busy and ${why}; retry later.`, "service_unavailable", "cluster_busy", null, {
+        "retry-after": String(retryAfter),
+      });
+    }
+    case "client_gone":
+      return new RouterError(499 as 503, "The request ended while it waited for a decode node.", "upstream_error", "client_closed_request");
     case "no_nodes":
       return new RouterError(503, `No ${error.role} node is configured for this request.`, "service_unavailable", "no_nodes_available");
     case "no_decode_in_group":
@@ -154,8 +164,9 @@ export function upstreamError(f: UpstreamFailure): RouterError {
   return new RouterError(502, `The ${f.leg} node failed: ${f.message}.`, "upstream_error", "upstream_unavailable");
 }
 
-function serverTiming(routeMs: number, prefillMs: number, decodeMs: number): string {
-  return `route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
+function serverTiming(routeMs: number, prefillMs: number, decodeMs: number, queueMs?: number): string {
+  const queue = queueMs === undefined ? "" : `queue;dur=${queueMs}, `;
+  return `${queue}route;dur=${routeMs}, prefill;dur=${prefillMs}, decode-ttfb;dur=${decodeMs}`;
 }
 
 /** The stream carries a usage object only when the client asked for one (a Responses stream always does). */
@@ -359,7 +370,7 @@ function answerHeaders(requestId: string, routed: Routed[]): Headers {
     "x-request-id": requestId,
     "x-pd-prefill": routed.map((r) => r.answer.prefillNode).join(","),
     "x-pd-decode": routed.map((r) => r.answer.decodeNode).join(","),
-    "server-timing": serverTiming(first.life.timings.routeMs ?? 0, first.answer.prefillMs, first.answer.decodeMs),
+    "server-timing": serverTiming(first.life.timings.routeMs ?? 0, first.answer.prefillMs, first.answer.decodeMs, first.life.timings.queueMs),
   });
   const failOpen = [...new Set(routed.flatMap((r) => r.life.failOpen))];
   if (failOpen.length) {
@@ -535,8 +546,10 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     key: { source: keySource, hash: request.key, prefixBlocks },
     rule: { prefill: d.prefill.rule, decode: d.decode.rule },
     candidates: { prefill: d.prefill.candidates, decode: d.decode.candidates },
-    // health, breaker, failures and in-flight load of every node, as the Durable Object sees them
-    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, failureStreak, failuresTotal, inflight, drain }) => ({
+    // every decode node that could serve it is busy: the request would wait at the edge (SPEC 8)
+    admission: routed.wouldWait ? { wait: true, queued: routed.wouldWait.queued } : { wait: false },
+    // health, breaker, failures, in-flight load and engine signals of every node, as the Durable Object sees them
+    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, failureStreak, failuresTotal, inflight, drain, signals }) => ({
       id,
       healthy,
       probeUp,
@@ -546,6 +559,7 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       failuresTotal,
       inflight,
       drain,
+      signals,
     })),
   });
 }

@@ -1,9 +1,10 @@
 // The operators' status page: one self-contained HTML document (inline CSS and JS, no
 // framework, no external assets). It carries no data itself; its script polls /status.json
 // every 2 s with the admin token kept in sessionStorage (sent as a bearer header, never in a
-// URL the server sees), keeps the last minutes of samples in the browser and draws them as
-// inline SVG charts: rates and percentiles are derived from the cumulative counters and
-// histograms of consecutive samples, so the server keeps no time series.
+// URL the server sees), keeps the samples in the browser and draws them as inline SVG charts:
+// rates and percentiles are derived from the cumulative counters and histograms of consecutive
+// samples. Per-node gauges (in flight, KV use) also come with the last 15 minutes the Durable
+// Object kept (`history`), so those charts are filled the moment the page opens.
 //
 // A link may carry the token in its fragment (`/status#token=...`, as `npm start` prints it):
 // fragments never reach the server, and the page moves it into sessionStorage and strips it
@@ -14,8 +15,8 @@ const SCRIPT = `
   "use strict";
   const KEY = "pd-router-admin-token";
   const POLL_MS = 2000;
-  const KEEP_MS = 10 * 60 * 1000;   // samples kept in this tab
-  const VIEW_MS = 5 * 60 * 1000;    // time shown by the charts
+  const KEEP_MS = 15 * 60 * 1000;   // samples kept in this tab
+  const VIEW_MS = 15 * 60 * 1000;   // time shown by the charts (the object keeps as much history)
   const MIN_VIEW_MS = 60 * 1000;    // a young page still spreads its points over a minute
   const SMOOTH_MS = 10 * 1000;      // percentiles and hit ratio over the last 10 s of samples
   const PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#4b5563", "#7c3aed", "#059669"];
@@ -25,6 +26,7 @@ const SCRIPT = `
   let previous = null;
   let timer = null;
   const samples = [];   // { t, data }
+  let kept = [];        // the object's per-node points: { t, nodes: [{ node, inflight, kvUsage, queue }] }
   const events = [];    // { t, node, kind: "failure" | "eject" | "down" | "up", count }
   const colours = new Map();
 
@@ -97,13 +99,25 @@ const SCRIPT = `
   function series(nodes) {
     const rps = new Map(nodes.map((n) => [n.id, []]));
     const inflight = new Map(nodes.map((n) => [n.id, []]));
+    const kv = new Map(nodes.map((n) => [n.id, []]));
     const total = [], p50 = [], p99 = [], hit = [];
+    // before this tab's first sample: the object's history
+    const firstSample = samples.length ? samples[0].t : Infinity;
+    for (const point of kept) {
+      if (point.t >= firstSample) break;
+      for (const m of point.nodes) {
+        if (inflight.has(m.node)) inflight.get(m.node).push([point.t, m.inflight]);
+        if (kv.has(m.node) && m.kvUsage !== null) kv.get(m.node).push([point.t, 100 * m.kvUsage]);
+      }
+    }
     for (let i = 0; i < samples.length; i++) {
       const { t, data } = samples[i];
       const byId = new Map(data.nodes.map((n) => [n.id, n]));
       for (const n of nodes) {
         const cur = byId.get(n.id);
         if (cur) inflight.get(n.id).push([t, cur.inflight.prefill + cur.inflight.decode]);
+        // the engine's reading while it is fresh (a stale one is not what the node does now)
+        if (cur && cur.signals && cur.signals.projected && cur.signals.kvUsage !== null) kv.get(n.id).push([t, 100 * cur.signals.kvUsage]);
       }
       if (i === 0) continue;
       const prev = samples[i - 1];
@@ -126,7 +140,7 @@ const SCRIPT = `
         if (looked > 0) hit.push([t, (100 * (data.prefix.matchedBlocks - base.data.prefix.matchedBlocks)) / looked]);
       }
     }
-    return { rps, inflight, total, p50, p99, hit };
+    return { rps, inflight, kv, total, p50, p99, hit };
   }
 
   function noteEvents(data, prev) {
@@ -170,7 +184,7 @@ const SCRIPT = `
     return [d.getHours(), d.getMinutes(), d.getSeconds()].map((x) => String(x).padStart(2, "0")).join(":");
   }
   function domain(now) {
-    const first = samples.length ? samples[0].t : now;
+    const first = Math.min(samples.length ? samples[0].t : now, kept.length ? kept[0].t : now);
     const from = Math.max(now - VIEW_MS, Math.min(first, now - MIN_VIEW_MS));
     return [from, now];
   }
@@ -291,6 +305,9 @@ const SCRIPT = `
     lineChart("chart-rps", { title: "requests per second", unit: "req/s", now: data.now, minMax: 1,
       series: [...perNode(s.rps), { name: "routed (router)", colour: "#1f2937", dash: "5 4", width: 1.5, points: s.total }] });
     lineChart("chart-inflight", { title: "requests in flight", unit: "", now: data.now, minMax: 4, integer: true, series: perNode(s.inflight) });
+    const decoders = nodes.filter((n) => n.roles.includes("decode"));
+    lineChart("chart-kv", { title: "KV cache use", unit: "%", now: data.now, fixedMax: 100, empty: "no engine has answered a /metrics poll yet",
+      series: decoders.map((n) => ({ name: n.id, colour: colour(n.id), points: s.kv.get(n.id) })) });
     lineChart("chart-ttfb", { title: "decode time to first byte", unit: "ms", now: data.now, minMax: 10, empty: "no decode legs finished in the last 10 s",
       series: [{ name: "p50", colour: "#0f766e", points: s.p50 }, { name: "p99", colour: "#b45309", dash: "6 4", points: s.p99 }] });
     const policy = data.config.policy;
@@ -313,6 +330,7 @@ const SCRIPT = `
     $("config").className = cfg.valid ? "" : "bad";
     $("warnings").replaceChildren(...(data.warnings || []).map((w) => el("li", w)));
     noteEvents(data, previous);
+    if (Array.isArray(data.history)) kept = data.history;
     samples.push({ t: data.now, data });
     while (samples.length && samples[0].t < data.now - KEEP_MS) samples.shift();
     while (events.length && events[0].t < data.now - KEEP_MS) events.shift();
@@ -333,7 +351,10 @@ const SCRIPT = `
       name.append(dot, document.createTextNode(n.id));
       tr.append(name, el("td", n.roles.join("+")), el("td", n.group || "-"));
       const h = el("td", label, { class: "health " + cls });
-      tr.append(h, el("td", n.breaker.replace("_", "-")), el("td", n.inflight.prefill + n.inflight.decode), el("td", total), el("td", rate), el("td", n.failuresTotal));
+      const sig = n.signals;
+      const kvText = sig && sig.kvUsage !== null ? Math.round(100 * sig.kvUsage) + "%" + (sig.projected ? "" : " (stale)") : "-";
+      const kvCell = el("td", kvText, { class: sig && sig.busy ? "bad" : "" });
+      tr.append(h, el("td", n.breaker.replace("_", "-")), el("td", n.inflight.prefill + n.inflight.decode), el("td", total), el("td", rate), el("td", n.failuresTotal), kvCell, el("td", sig && sig.waiting !== null ? sig.waiting : "-"));
       rows.append(tr);
     }
     const mix = $("mix");
@@ -437,17 +458,18 @@ export async function statusPage({ isPublic }: { isPublic: boolean }): Promise<{
   <p id="meta"><span id="config"></span> | <span id="updated"></span> <button id="logout" type="button">forget token</button></p>
   <p id="error"></p>
   <ul id="warnings" class="warn"></ul>
-  <h2>Last minutes <small>(kept in this tab since it opened; refreshed every 2 s)</small></h2>
+  <h2>Last 15 minutes <small>(in flight and KV use from the router's own history; rates since this tab opened; refreshed every 2 s)</small></h2>
   <div class="charts">
     ${chart("chart-rps", "Requests per second", "per node (a request counts on its P and its D), and routed by the router")}
     ${chart("chart-inflight", "In flight", "per node: prefill legs running plus decode streams open")}
+    ${chart("chart-kv", "KV cache use", "per decode node, as its engine reports on /metrics (polled every signals.intervalMs)")}
     ${chart("chart-ttfb", "Decode TTFB", "p50 and p99 over the last 10 s, from the router's histogram")}
     ${chart("chart-hit", "Prefix hit ratio", "cache_aware: blocks the chosen node held, last 10 s")}
     <p id="hit-off" hidden></p>
     ${chart("chart-events", "Failures and ejections", "dots: failed legs; red triangles and bands: ejected; grey bands: probes down", true)}
   </div>
   <h2>Nodes</h2>
-  <table><thead><tr><th>node</th><th>role</th><th>group</th><th>health</th><th>breaker</th><th>in flight</th><th>requests</th><th>rate</th><th>failures</th></tr></thead><tbody id="nodes"></tbody></table>
+  <table><thead><tr><th>node</th><th>role</th><th>group</th><th>health</th><th>breaker</th><th>in flight</th><th>requests</th><th>rate</th><th>failures</th><th>KV use</th><th>engine queue</th></tr></thead><tbody id="nodes"></tbody></table>
   <h2>Routing mix (decisions by rule)</h2>
   <table><thead><tr><th>role</th><th>rule</th><th>decisions</th><th>share</th></tr></thead><tbody id="mix"></tbody></table>
 </section>

@@ -28,7 +28,7 @@ statusRoutes.get("/status", async (c) => {
 });
 
 statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async (c) => {
-  const { config, snapshot } = await readClusterStatus(c.env);
+  const { config, snapshot } = await readClusterStatus(c.env, { history: true });
   return c.json(
     {
       now: snapshot.now,
@@ -55,10 +55,14 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         // the page marks an ejection when this moves forward (a re-ejection between two polls too)
         ejectedUntil: n.ejectedUntil,
         lastFailureAt: n.lastFailureAt,
+        // the engine's last /metrics reading and the projection routing uses (null: never polled)
+        signals: n.signals,
         usageDetails: n.usageDetails,
       })),
-      // what an operator should fix: e.g. a P run without --enable-prompt-tokens-details
       warnings: usageDetailsWarnings(snapshot.nodes),
+      // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
+      history: snapshot.history,
+      admission: { queued: snapshot.admission.queued, rejected: snapshot.admission.rejected },
       decisions: snapshot.decisions,
       requests: snapshot.requests,
       prefix: snapshot.prefix,

@@ -2,8 +2,9 @@
 // gathers the nodes, loads, health, key, prefix matches and cursors, and applies the Decision.
 
 import { loadBound } from "./bounded-load";
+import { isBusy, kvBarrier } from "./kv-guard";
 import { compareIds, rendezvousScore } from "./rendezvous";
-import type { CandidateNode, Decision, DecisionRule, PolicyName, Result, Role, RoleDecision, ScoredCandidate, SelectionError, SelectionInput } from "./types";
+import type { CandidateNode, Decision, DecisionRule, GuardSettings, PolicyName, Result, Role, RoleDecision, ScoredCandidate, SelectionError, SelectionInput } from "./types";
 
 /** Appended to the affinity key for decode, so P and D spread independently of each other. */
 export const DECODE_KEY_DISCRIMINATOR = ":decode";
@@ -19,6 +20,7 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
 
   if (input.colocated) {
     const decode = rankRole(poolOf(input, "decode"));
+    if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
     if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
     if (decode.usedRoundRobin) cursors.decode += 1;
     const prefill: RoleDecision = {
@@ -41,12 +43,14 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
   switch (input.policy.pdGroup) {
     case "off": {
       const decode = rankRole(decodePool);
+      if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
       if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
       if (decode.usedRoundRobin) cursors.decode += 1;
       return { ok: true, value: { prefill: prefill.decision, decode: decode.decision, cursors } };
     }
     case "prefer": {
       const decode = rankRole(decodePool);
+      if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
       if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
       if (decode.usedRoundRobin) cursors.decode += 1;
       const group = nodeById(prefillPool.nodes, prefill.decision.id)?.group;
@@ -79,6 +83,8 @@ interface Pool {
   loadSlack: number;
   cacheLoadFactor: number;
   shareFactor: number;
+  /** the decode KV guard; null for prefill and for requests it does not apply to */
+  guard: GuardSettings | null;
 }
 
 function poolOf(input: SelectionInput, role: Role): Pool {
@@ -96,6 +102,7 @@ function poolOf(input: SelectionInput, role: Role): Pool {
     loadSlack: input.policy.loadSlack,
     cacheLoadFactor: input.policy.cacheAware.loadFactor,
     shareFactor: input.policy.cacheAware.shareFactor,
+    guard: role === "decode" ? (input.guard ?? null) : null,
   };
 }
 
@@ -107,11 +114,26 @@ interface Ranked {
   usedRoundRobin: boolean;
 }
 
-/** `empty`: the pool has no node; `none_in_group`: the group filter left nothing usable. */
-type RankOutcome = Ranked | { kind: "empty" } | { kind: "none_in_group" };
+/**
+ * `empty`: the pool has no node; `none_in_group`: the group filter left nothing usable; `busy`:
+ * some node may take work but every one of them is busy (decode KV guard).
+ */
+type RankOutcome = Ranked | { kind: "empty" } | { kind: "none_in_group" } | { kind: "busy"; candidates: ScoredCandidate[] };
 
 const isAvailable = (n: CandidateNode): boolean => n.healthy && !n.drain;
-const loadPerWeight = (n: CandidateNode): number => n.load / (n.weight > 0 ? n.weight : 1);
+const weightOf = (n: CandidateNode): number => (n.weight > 0 ? n.weight : 1);
+const loadPerWeight = (n: CandidateNode): number => n.load / weightOf(n);
+
+/** The guard's figures on a decode candidate, as /v1/route shows them. */
+function withSignals(c: ScoredCandidate, n: CandidateNode, busy: boolean, barrier: number): void {
+  const s = n.signals ?? null;
+  c.kvUsage = s?.kvUsage ?? null;
+  c.queue = s?.queue ?? null;
+  c.signalsAgeMs = s ? s.ageMs : null;
+  c.busy = busy;
+  // infinite only at a full cache, which is always busy
+  if (Number.isFinite(barrier)) c.kvBarrier = Math.round(barrier * 1000) / 1000;
+}
 /** requests recently routed to the node, per unit of weight */
 const shareOf = (n: CandidateNode): number => (n.recent ?? 0) / (n.weight > 0 ? n.weight : 1);
 
@@ -124,7 +146,14 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   if (nodes.length === 0) return { kind: "empty" };
   const inScope = (n: CandidateNode): boolean => group === undefined || n.group === group;
   const scope = nodes.filter(inScope);
-  const eligible = (n: CandidateNode): boolean => isAvailable(n) && inScope(n);
+  const guard = pool.guard;
+  const busy = (n: CandidateNode): boolean => guard !== null && isBusy(n, guard);
+  /** may take new work: available and not busy */
+  const open = (n: CandidateNode): boolean => isAvailable(n) && !busy(n);
+  const eligible = (n: CandidateNode): boolean => open(n) && inScope(n);
+  // KV pressure counts as extra in-flight requests wherever load is weighed (kv-guard.ts)
+  const barrier = (n: CandidateNode): number => (guard === null ? 0 : kvBarrier(n));
+  const loadOf = (n: CandidateNode): number => Math.max(0, n.load) + barrier(n);
   if (scope.length === 0) return { kind: "none_in_group" };
 
   const usesKey = pool.policy === "affinity" || pool.policy === "cache_aware";
@@ -137,8 +166,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   let totalWeight = 0;
   let totalRecent = 0;
   for (const n of nodes) {
-    if (!isAvailable(n)) continue;
-    totalLoad += Math.max(0, n.load);
+    if (!open(n)) continue;
+    totalLoad += loadOf(n);
     totalWeight += n.weight;
     totalRecent += Math.max(0, n.recent ?? 0);
   }
@@ -148,18 +177,18 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   // The slack applies to cache_aware's in-flight bound too: moving a conversation off its cache
   // on a lightly loaded cluster costs a whole prefill for nothing.
   const boundOf = (n: CandidateNode): number =>
-    isAvailable(n)
+    open(n)
       ? loadBound(n.weight, totalWeight, totalLoad, loadFactor, pool.loadSlack)
-      : loadBound(n.weight, totalWeight + n.weight, totalLoad + Math.max(0, n.load), loadFactor, pool.loadSlack);
+      : loadBound(n.weight, totalWeight + n.weight, totalLoad + loadOf(n), loadFactor, pool.loadSlack);
   // cache_aware's share bound: the same construction over recently routed requests, so the
   // bounds again sum to more than the total and some node is always under its own.
   const shareBoundOf = (n: CandidateNode): number => {
-    const weight = isAvailable(n) ? totalWeight : totalWeight + n.weight;
-    const recent = isAvailable(n) ? totalRecent : totalRecent + Math.max(0, n.recent ?? 0);
+    const weight = open(n) ? totalWeight : totalWeight + n.weight;
+    const recent = open(n) ? totalRecent : totalRecent + Math.max(0, n.recent ?? 0);
     return weight > 0 ? (pool.shareFactor * (recent + 1) * n.weight) / weight : Infinity;
   };
   const underShare = (n: CandidateNode): boolean => !cacheAware || (n.recent ?? 0) < shareBoundOf(n);
-  const underOwnBound = (n: CandidateNode): boolean => !bounded || (n.load < boundOf(n) && underShare(n));
+  const underOwnBound = (n: CandidateNode): boolean => !bounded || (loadOf(n) < boundOf(n) && underShare(n));
 
   const rendezvous = new Map<string, number>();
   if (pool.key !== null && policy !== "round_robin") {
@@ -167,11 +196,11 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   }
   const byRendezvous = (a: CandidateNode, b: CandidateNode): number => (rendezvous.get(b.id) ?? 0) - (rendezvous.get(a.id) ?? 0) || compareIds(a.id, b.id);
 
-  // Session stickiness: the conversation's previous node keeps it, even while draining.
-  // A pinned request (its node holds state it needs) keeps the node whatever the policy and bound.
+  // Session stickiness: the conversation's previous node keeps it, even while draining, unless busy.
+  // A pinned request (its node holds state it needs) keeps the node whatever the policy, bound and KV.
   if ((usesKey || pool.pinned) && pool.sticky !== undefined) {
     const sticky = nodes.find((n) => n.id === pool.sticky);
-    if (sticky?.healthy && inScope(sticky) && (pool.pinned || underOwnBound(sticky))) {
+    if (sticky?.healthy && inScope(sticky) && (pool.pinned || (!busy(sticky) && underOwnBound(sticky)))) {
       const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
       return finish(order, sticky, "sticky", false);
     }
@@ -183,14 +212,20 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     if (group !== undefined && nodes.some(isAvailable)) return { kind: "none_in_group" };
     return failOpen();
   }
+  const free = ready.filter((n) => !busy(n));
+  if (free.length === 0) {
+    // Every node that could serve is busy: the request waits at the edge (admission queue).
+    const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf);
+    return { kind: "busy", candidates: finish(order, null, policy, false).decision.candidates };
+  }
 
-  const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
+  const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf);
   let chosen = order.nodes.find((n) => eligible(n) && underOwnBound(n));
   let rule: DecisionRule = policy;
   if (chosen === undefined) {
     // Every candidate is at its bound: possible only inside one group (strict) or with
     // loadFactor < 1. Take the least loaded rather than refuse.
-    chosen = [...ready].sort((a, b) => loadPerWeight(a) - loadPerWeight(b))[0] as CandidateNode;
+    chosen = [...free].sort((a, b) => loadOf(a) / weightOf(a) - loadOf(b) / weightOf(b))[0] as CandidateNode;
     if (policy === "affinity") rule = "affinity_bounded_skip";
   } else if (policy === "affinity") {
     const before = order.nodes.slice(0, order.nodes.indexOf(chosen));
@@ -198,10 +233,11 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   }
   return finish(order, chosen, rule, policy === "round_robin");
 
-  function finish(order: PolicyOrder, pick: CandidateNode, why: DecisionRule, usedRoundRobin: boolean): Ranked {
+  function finish(order: PolicyOrder, pick: CandidateNode | null, why: DecisionRule, usedRoundRobin: boolean): Ranked {
     const ordered = order.nodes;
     const candidates = ordered.map((n): ScoredCandidate => {
       const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
+      if (guard !== null) withSignals(c, n, busy(n), barrier(n));
       if (bounded) c.bound = boundOf(n);
       const rv = rendezvous.get(n.id);
       if (rv !== undefined) c.rendezvous = rv;
@@ -220,10 +256,12 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     });
     const preferred = ordered.filter((n) => eligible(n) && underOwnBound(n)).map((n) => n.id);
     const overBound = ordered.filter((n) => eligible(n) && !underOwnBound(n)).map((n) => n.id);
-    const fallbacks = [...preferred, ...overBound].filter((id) => id !== pick.id);
+    // a busy node is a last resort for a failover: better than an error once the request is under way
+    const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
+    const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
     return {
       kind: "ok",
-      decision: { id: pick.id, rule: why, candidates, fallbacks, failOpen: false },
+      decision: { id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false },
       preferred,
       usedRoundRobin,
     };
@@ -233,7 +271,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     if (!n.healthy) return "unhealthy";
     if (!inScope(n)) return "group";
     if (n.drain) return "draining";
-    if (bounded && n.load >= boundOf(n)) return "over_bound";
+    if (busy(n)) return "busy";
+    if (bounded && loadOf(n) >= boundOf(n)) return "over_bound";
     if (!underShare(n)) return "over_share";
     return undefined;
   }
@@ -250,6 +289,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     const chosenNode = ranked[0] as CandidateNode;
     const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
       const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
+      if (guard !== null) withSignals(c, n, busy(n), barrier(n));
       const rv = rendezvous.get(n.id);
       if (rv !== undefined) c.rendezvous = rv;
       if (n !== chosenNode) {
@@ -278,13 +318,14 @@ interface PolicyOrder {
   terms?: Map<string, { matched: number; score: number }>;
 }
 
-/** Every node of the pool in the policy's order, best first. */
+/** Every node of the pool in the policy's order, best first. `loadOf`: in-flight plus the KV barrier. */
 function policyOrder(
   pool: Pool,
   policy: PolicyName,
   nodes: CandidateNode[],
   inScope: (n: CandidateNode) => boolean,
   byRendezvous: (a: CandidateNode, b: CandidateNode) => number,
+  loadOf: (n: CandidateNode) => number = (n) => n.load,
 ): PolicyOrder {
   switch (policy) {
     case "round_robin": {
@@ -300,7 +341,7 @@ function policyOrder(
     case "least_load":
       // Ties (idle nodes) go to the smallest recent share first: a rendezvous order alone would
       // hand every tie to the same nodes whenever requests share a key (a common system prompt).
-      return { nodes: [...nodes].sort((a, b) => loadPerWeight(a) - loadPerWeight(b) || shareOf(a) - shareOf(b) || byRendezvous(a, b)) };
+      return { nodes: [...nodes].sort((a, b) => loadOf(a) / weightOf(a) - loadOf(b) / weightOf(b) || shareOf(a) - shareOf(b) || byRendezvous(a, b)) };
     case "cache_aware": {
       // Longest cached prefix first: a block found is a block not prefilled again. Load enters
       // as hard limits (in-flight and recent-share bounds, applied by the caller), not as a
@@ -372,11 +413,13 @@ interface StrictOutcome {
 function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Result<StrictOutcome, SelectionError> {
   const walk = [prefill.decision.id, ...prefill.decision.fallbacks];
   const tried: string[] = [];
+  let busy: ScoredCandidate[] | null = null;
   for (const [index, pid] of walk.entries()) {
     const group = nodeById(prefillPool.nodes, pid)?.group;
     if (group === undefined || tried.includes(group)) continue;
     tried.push(group);
     const decode = rankRole(decodePool, group);
+    if (decode.kind === "busy") busy ??= decode.candidates;
     if (decode.kind !== "ok") continue;
 
     const sameGroup = (id: string): boolean => nodeById(prefillPool.nodes, id)?.group === group;
@@ -397,6 +440,8 @@ function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Resu
     };
   }
 
+  // a group had decode nodes that may take work, all busy: the request waits rather than fails
+  if (busy) return fail({ kind: "decode_busy", candidates: busy });
   const available = [...new Set(decodePool.nodes.filter(isAvailable).map((n) => n.group))];
   const message =
     `pdGroup is strict and no decode node may take work in the group of any prefill candidate ` +

@@ -55,6 +55,21 @@ export interface CandidateNode {
   lastFailureAt: number;
   /** requests recently routed to this node in this role (decayed count; cache_aware's share) */
   recent?: number;
+  /** the engine's own figures, projected to now; absent or null without a fresh poll (never busy then) */
+  signals?: NodeSignals | null;
+}
+
+/** What the engine reported (KV use and queue), projected by what was sent since; ageMs: how old the poll is. */
+export interface NodeSignals {
+  kvUsage: number | null;
+  queue: number | null;
+  ageMs: number;
+}
+
+/** The decode KV guard's thresholds (`signals.kvBusy`, `signals.queueBusy`). */
+export interface GuardSettings {
+  kvBusy: number;
+  queueBusy: number;
 }
 
 export interface SelectionInput {
@@ -78,6 +93,8 @@ export interface SelectionInput {
   pinned?: boolean;
   /** round-robin cursors per pool (monotonic counters) */
   cursors: { prefill: number; decode: number };
+  /** the decode KV guard (decode nodes only); absent: no guard (one-hop requests) */
+  guard?: GuardSettings | null;
 }
 
 /** Why a node was chosen; shown by POST /v1/route. */
@@ -108,8 +125,15 @@ export interface ScoredCandidate {
   score?: number;
   recent?: number;
   shareBound?: number;
+  /** decode KV guard: the engine's projected KV use and queue (null without a fresh poll), the poll's age, busy */
+  kvUsage?: number | null;
+  queue?: number | null;
+  signalsAgeMs?: number | null;
+  busy?: boolean;
+  /** KV use as extra in-flight requests, kvUsage / (1 - kvUsage) (0 without signals) */
+  kvBarrier?: number;
   /** the node was passed over, and why */
-  skipped?: "unhealthy" | "draining" | "over_bound" | "over_share" | "group";
+  skipped?: "unhealthy" | "draining" | "busy" | "over_bound" | "over_share" | "group";
 }
 
 export interface RoleDecision {
@@ -129,6 +153,10 @@ export interface Decision {
   cursors: { prefill: number; decode: number };
 }
 
-export type SelectionError = { kind: "no_nodes"; role: Role } | { kind: "no_decode_in_group"; message: string };
+export type SelectionError =
+  | { kind: "no_nodes"; role: Role }
+  | { kind: "no_decode_in_group"; message: string }
+  /** every decode node that could serve the request is busy (KV or queue): it waits at the edge */
+  | { kind: "decode_busy"; candidates: ScoredCandidate[] };
 
 export type Result<T, E> = { ok: true; value: T } | { ok: false; error: E };

@@ -2,11 +2,22 @@ import { DurableObject } from "cloudflare:workers";
 import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
 import { PrefixIndex } from "../routing/prefix-index";
 import { selectRoute } from "../routing/select";
-import type { CandidateNode, Decision, Role } from "../routing/types";
+import { isBusy } from "../routing/kv-guard";
+import type { CandidateNode, Decision, GuardSettings, NodeSignals, Role } from "../routing/types";
+import { AdmissionQueue, type AdmissionSettings } from "./admission-queue";
+import { AlarmSchedule, type AlarmJob } from "./alarm-schedule";
+import { BoundedMap } from "./bounded-map";
+import { RoundRobinCursors } from "./cursors";
+import { EngineSignals, type SignalSettings } from "./engine-signals";
+import { breakerState, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings } from "./health";
+import { NodeHealthTable } from "./health-table";
+import { LeaseTable, type NodeLease } from "./leases";
+import { pollEngineMetrics, probeNode } from "./node-fetch";
+import { NodeHistory } from "./node-history";
+import { RecentShare } from "./recent-share";
+import { RouterStats } from "./router-stats";
+import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, KeyCount, LegReport, NodeSignalsStatus, RouteRequest, RouteResponse } from "./types";
 import { freshUsageDetails, noteUsageDetails, usageDetailsVerdict, usageDetailsWarning, type UsageDetailsRecord } from "../observability/usage-details";
-import { breakerState, freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings, type NodeHealth } from "./health";
-import { probeNode } from "./node-probe";
-import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, Histogram, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
 
 /**
  * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
@@ -17,80 +28,67 @@ export const DEFAULT_LEASE_TTL_MS = 60_000;
 /** per role; ~130 bytes an entry (PrefixIndex.BYTES_PER_ENTRY_ESTIMATE): ~26 MB for both */
 const PREFIX_INDEX_ENTRIES = 100_000;
 const STICKY_ENTRIES = 100_000;
-const LATENCY_BOUNDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+/** expired leases are looked for at most this often (every route call would be wasteful) */
+const SWEEP_EVERY_MS = 1_000;
+/** SPEC 8 defaults, for a view saved before the document had these blocks */
+const DEFAULT_SIGNALS: SignalSettings = { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8 };
+const DEFAULT_ADMISSION: AdmissionSettings = { queueMs: 30_000, maxQueued: 1_000 };
+/**
+ * A request admitted after waiting holds its lease only this long until its Worker confirms it
+ * (renew): a Worker whose handler was cancelled while it waited (its client gone) never does, so
+ * no lease outlives it by more than this.
+ */
+export const ADMISSION_RESERVATION_MS = 5_000;
+/** the status page's charts: the last 15 minutes of per-node figures, a point a second at most */
+const HISTORY_KEEP_MS = 15 * 60_000;
+const HISTORY_POINTS = 1_000;
+const HISTORY_EVERY_MS = 1_000;
 
-interface NodeLease {
-  /** P while its prefill leg runs; cleared when P answered */
-  prefill: string | null;
-  decode: string;
-  tokens: number;
-  expiresAt: number;
-  /** the route's metric label and the request's id, for a lease that expires unreleased */
-  route: string;
-  requestId?: string | undefined;
-  fallbacks: { prefill: string[]; decode: string[] };
-  model: string;
-}
-
-interface NodeCounters {
-  prefill: number;
-  decode: number;
-  tokens: number;
-  requestsPrefill: number;
-  requestsDecode: number;
-}
-
-const newHistogram = (): Histogram => ({ bounds: LATENCY_BOUNDS, counts: LATENCY_BOUNDS.map(() => 0), sum: 0, count: 0 });
-
-function observe(h: Histogram, ms: number): void {
-  const s = ms / 1000;
-  const i = h.bounds.findIndex((b) => s <= b);
-  if (i >= 0) h.counts[i] = (h.counts[i] ?? 0) + 1;
-  h.sum += s;
-  h.count += 1;
+type ViewNode = ClusterView["nodes"][number];
+type Cluster = ClusterView;
+/** a route call waiting in the admission queue, and how to answer it */
+interface QueuedRoute {
+  req: RouteRequest;
+  answer: (r: RouteResponse) => void;
 }
 
 /**
- * The one object that coordinates the cluster: round-robin cursors (SQLite), in-flight
- * leases, node health, the prefix index and shared counters. It gathers the inputs,
- * calls the pure selection core and applies the result; all policy lives in src/routing.
+ * The one object that coordinates a node pool. A thin shell: each piece of state is a plain
+ * module with its own decisions (leases, health, cursors, sticky memory, prefix index, recent
+ * share, counters); this class wires them to the RPC calls, the alarm and storage, and calls the
+ * pure selection core (src/routing) with what they hold.
  */
 export class ClusterState extends DurableObject {
   private cluster: ClusterView | null = null;
-  private readonly health = new Map<string, NodeHealth>();
-  private readonly counters = new Map<string, NodeCounters>();
-  /** requests recently routed per node and role, decayed per routed request (cache_aware's share) */
-  private readonly recent = new Map<string, { prefill: number; decode: number }>();
-  private readonly leases = new Map<string, NodeLease>();
+  private readonly health = new NodeHealthTable();
+  private readonly leases: LeaseTable;
+  private readonly recent = new RecentShare();
   private readonly prefixIndex = { prefill: new PrefixIndex(PREFIX_INDEX_ENTRIES), decode: new PrefixIndex(PREFIX_INDEX_ENTRIES) };
-  private readonly sticky = new Map<string, { prefill: string; decode: string }>();
-  private readonly requests = new Map<string, number>();
-  /** requests per API key label (a short hash of the key, never the key) */
-  private readonly keyRequests = new Map<string, number>();
-  private readonly decisions = new Map<string, number>();
-  private readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
+  private readonly sticky = new BoundedMap<{ prefill: string; decode: string }>(STICKY_ENTRIES);
+  private readonly stats = new RouterStats();
+  private readonly cursors = new RoundRobinCursors();
+  private readonly signals = new EngineSignals();
+  private readonly schedule = new AlarmSchedule();
+  private readonly admission = new AdmissionQueue<QueuedRoute>();
+  /** leases admitted from the queue and not yet confirmed by their Worker, until when */
+  private readonly reservations = new Map<string, number>();
+  private readonly history = new NodeHistory(HISTORY_KEEP_MS, HISTORY_POINTS);
+  private lastSample = 0;
+  private wakeTimer: ReturnType<typeof setTimeout> | undefined;
   /** per prefill node: does it report prompt_tokens_details (observability/usage-details.ts) */
   private readonly usageDetails = new Map<string, UsageDetailsRecord>();
-  private prefixStats = { lookedUpBlocks: 0, matchedBlocks: 0 };
-  private cursors = { prefill: 0, decode: 0 };
-  private savedCursors = { prefill: 0, decode: 0 };
-  private nextLease = 0;
-  /** leases released before their route call arrived (client gone mid-call): never taken */
-  private readonly released = new Map<string, number>();
   private lastSweep = 0;
-  private expiredLeases = 0;
-  private readonly leaseTtlMs: number;
   private readonly documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
 
   constructor(ctx: DurableObjectState, env: unknown) {
     super(ctx, env as never);
     const ttl = Number((env as { LEASE_TTL_MS?: string } | undefined)?.LEASE_TTL_MS);
-    this.leaseTtlMs = Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_LEASE_TTL_MS;
+    this.leases = new LeaseTable(Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_LEASE_TTL_MS);
     ctx.blockConcurrencyWhile(async () => {
       ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS cursor (pool TEXT PRIMARY KEY, value INTEGER NOT NULL)`);
       ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)`);
       for (const row of ctx.storage.sql.exec<{ pool: string; value: number }>(`SELECT pool, value FROM cursor`)) {
-        if (row.pool === "prefill" || row.pool === "decode") this.cursors[row.pool] = this.savedCursors[row.pool] = row.value;
+        if (row.pool === "prefill" || row.pool === "decode") this.cursors.restore(row.pool, row.value);
       }
       const saved = ctx.storage.sql.exec<{ value: string }>(`SELECT value FROM kv WHERE key = 'cluster'`).toArray()[0];
       if (saved) this.applyCluster(JSON.parse(saved.value) as ClusterView);
@@ -99,38 +97,66 @@ export class ClusterState extends DurableObject {
 
   // ---- RPC: routing ---------------------------------------------------------------
 
-  /** Picks P and D for one request and, unless a dry run, takes its lease: one round trip. */
-  route(req: RouteRequest): RouteResponse {
+  /**
+   * Picks P and D for one request and, unless a dry run, takes its lease: one round trip. When every
+   * decode node that could serve it is busy, the call waits in the admission queue (FCFS, nothing
+   * sent upstream) until one frees or `admission.queueMs` passes; other calls go on meanwhile.
+   */
+  route(req: RouteRequest): RouteResponse | Promise<RouteResponse> {
     const now = Date.now();
     // The Worker sends the document's version; the view itself only when this object lacks it.
     if (req.cluster) this.syncCluster(req.cluster);
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.sweep(now);
+    // first come first served: those already waiting get what has freed before a newcomer does
+    if (!req.dryRun && this.admission.size > 0) this.admitWaiting();
+    const guarded = req.oneHop !== true;
+    const routed = this.decide(req, cluster, now, guarded);
+    if (routed.ok || routed.error.kind !== "decode_busy") return routed;
+    const busyCandidates = routed.error.candidates;
+    if (req.dryRun) {
+      // what it would get once a node frees: the picks without the guard, the candidates as they are now
+      const picked = this.decide(req, cluster, now, false);
+      if (!picked.ok) return picked;
+      const decision = { ...picked.decision, decode: { ...picked.decision.decode, candidates: busyCandidates } };
+      return { ...picked, decision, wouldWait: { queued: this.admission.size } };
+    }
+    if (req.leaseId && this.leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
+    const settings = admissionOf(cluster);
+    const retryAfterS = Math.max(1, Math.ceil(signalsOf(cluster).intervalMs / 1000));
+    const ticket = req.leaseId ?? this.leases.newId(now);
+    return new Promise<RouteResponse>((answer) => {
+      const waiter = settings.queueMs > 0 ? this.admission.enqueue(ticket, { req: { ...req, leaseId: ticket }, answer }, now, settings) : null;
+      if (!waiter) {
+        this.stats.countRejected("queue_full");
+        answer({ ok: false, error: { kind: "cluster_busy", reason: "queue_full", retryAfterS } });
+        return;
+      }
+      this.armWake();
+    });
+  }
+
+  /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
+  private decide(req: RouteRequest, cluster: Cluster, now: number, guarded: boolean): RouteResponse {
+    const s = signalsOf(cluster);
+    const guard: GuardSettings | null = guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null;
     // no model (SGLang's /generate, a tokenizer call without one): any node
-    const serves = (n: ClusterView["nodes"][number]) => !n.models || !req.model || n.models.includes(req.model);
+    const serves = (n: ViewNode) => !n.models || !req.model || n.models.includes(req.model);
     const pool = (role: Role) => cluster.nodes.filter((n) => serves(n) && (n.role === role || n.role === "both")).map((n) => this.candidate(n, role, now));
     // one-hop requests (embeddings, tokenizer) take one node, like colocated
     const colocated = cluster.protocol === "colocated" || req.oneHop === true;
     const usesPrefix = cluster.policy.prefill === "cache_aware" || cluster.policy.decode === "cache_aware";
     const prefill = colocated ? [] : pool("prefill");
     const decode = pool("decode");
-    const prefixMatches = {
-      prefill:
-        usesPrefix && req.prefixHashes.length
-          ? this.prefixIndex.prefill.match(
-              req.prefixHashes,
-              prefill.map((n) => n.id),
-            )
-          : {},
-      decode:
-        usesPrefix && req.prefixHashes.length
-          ? this.prefixIndex.decode.match(
-              req.prefixHashes,
-              decode.map((n) => n.id),
-            )
-          : {},
-    };
+    const match = (role: Role, nodes: CandidateNode[]) =>
+      usesPrefix && req.prefixHashes.length
+        ? this.prefixIndex[role].match(
+            req.prefixHashes,
+            nodes.map((n) => n.id),
+          )
+        : {};
+    const prefixMatches = { prefill: match("prefill", prefill), decode: match("decode", decode) };
     const sticky = req.key ? (this.sticky.get(req.key) ?? null) : null;
     const result = selectRoute({
       policy: cluster.policy,
@@ -142,66 +168,58 @@ export class ClusterState extends DurableObject {
       prefixBlockCount: req.prefixHashes.length,
       sticky,
       pinned: req.pinned === true,
-      cursors: { ...this.cursors },
+      cursors: { prefill: this.cursors.prefill, decode: this.cursors.decode },
+      guard,
     });
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
     if (req.dryRun) return { ok: true, leaseId: null, decision };
-    if (req.leaseId && this.released.delete(req.leaseId)) return { ok: true, leaseId: null, decision: slimDecision(decision) };
+    if (req.leaseId && this.leases.consumeTombstone(req.leaseId)) return { ok: true, leaseId: null, decision: slimDecision(decision) };
 
-    this.saveCursors(decision.cursors);
+    this.cursors.set(decision.cursors);
     const p = decision.prefill.id;
     const d = decision.decode.id;
-    for (const role of ["prefill", "decode"] as const) {
-      const key = `${role}\u0000${decision[role].rule}`;
-      this.decisions.set(key, (this.decisions.get(key) ?? 0) + 1);
-    }
-    if (req.key) this.remember(this.sticky, req.key, { prefill: p, decode: d }, STICKY_ENTRIES);
+    for (const role of ["prefill", "decode"] as const) this.stats.countDecision(role, decision[role].rule);
+    if (req.key) this.sticky.remember(req.key, { prefill: p, decode: d });
     if (usesPrefix && req.prefixHashes.length) {
       const matched = colocated ? (prefixMatches.decode[d] ?? 0) : (prefixMatches.prefill[p] ?? 0);
-      this.prefixStats.lookedUpBlocks += req.prefixHashes.length;
-      this.prefixStats.matchedBlocks += matched;
+      this.stats.countPrefix(req.prefixHashes.length, matched);
       const maxBlocks = cluster.policy.cacheAware.maxBlocksPerRequest;
       if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p, maxBlocks);
       this.prefixIndex.decode.record(req.prefixHashes, d, maxBlocks);
     }
-    const leaseId = req.leaseId ?? `${now.toString(36)}-${(this.nextLease++).toString(36)}`;
+    const leaseId = req.leaseId ?? this.leases.newId(now);
     const lease: NodeLease = {
       prefill: colocated ? null : p,
       decode: d,
       tokens: req.tokens,
-      expiresAt: now + this.leaseTtlMs,
+      expiresAt: now + this.leases.ttlMs,
       route: req.route ?? "other",
       requestId: req.requestId,
       fallbacks: { prefill: [...decision.prefill.fallbacks], decode: [...decision.decode.fallbacks] },
       model: req.model,
     };
-    this.leases.set(leaseId, lease);
-    if (lease.prefill) this.take(lease.prefill, "prefill", 0, now);
-    this.take(d, "decode", req.tokens, now);
-    this.countRecent(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
+    this.leases.take(leaseId, lease);
+    this.signals.dispatched(d, req.tokens);
+    if (lease.prefill) this.picked(lease.prefill, now);
+    this.picked(d, now);
+    this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
     // The request needs only the picks: candidates and fallbacks stay here (the lease keeps the fallbacks).
     return { ok: true, leaseId, decision: slimDecision(decision) };
   }
 
   /** The request still runs: its lease lives another TTL. False when it is gone (expired or released). */
   renew(leaseId: string): boolean {
-    const lease = this.leases.get(leaseId);
-    if (!lease) return false;
-    lease.expiresAt = Date.now() + this.leaseTtlMs;
-    return true;
+    // the first renewal of a lease admitted from the queue confirms it: its Worker is still there
+    this.reservations.delete(leaseId);
+    return this.leases.renew(leaseId, Date.now());
   }
 
   /** P answered (or gave up): its part of the lease ends now, while D's goes on. */
   prefillDone(leaseId: string, report: LegReport): void {
-    const now = Date.now();
-    const lease = this.leases.get(leaseId);
-    if (lease?.prefill === report.node) {
-      this.give(report.node, "prefill", 0);
-      lease.prefill = null;
-    }
-    this.applyOutcome(report, now);
-    if (report.ms !== undefined && report.outcome === "ok") observe(this.latency.prefill, report.ms);
+    this.leases.endPrefill(leaseId, report.node);
+    this.applyOutcome(report, Date.now());
+    if (report.ms !== undefined && report.outcome === "ok") this.stats.observePrefill(report.ms);
   }
 
   /**
@@ -213,7 +231,6 @@ export class ClusterState extends DurableObject {
     this.applyOutcome(report, now);
     const lease = this.leases.get(leaseId);
     if (!lease || !wantNext) return { next: null };
-    const held = role === "prefill" ? lease.prefill : lease.decode;
     const candidates = lease.fallbacks[role];
     const nextIndex = candidates.findIndex((id) => {
       const h = this.health.get(id);
@@ -222,36 +239,44 @@ export class ClusterState extends DurableObject {
     if (nextIndex < 0) return { next: null };
     const next = candidates[nextIndex]!;
     lease.fallbacks[role] = candidates.slice(nextIndex + 1);
-    const tokens = role === "decode" ? lease.tokens : 0;
-    if (held) this.give(held, role, tokens);
-    this.take(next, role, tokens, now);
-    if (role === "prefill") lease.prefill = next;
-    else lease.decode = next;
+    const moved = this.leases.move(leaseId, role, next);
+    if (role === "decode") {
+      // the failed D never held the request's KV; the next one will
+      if (moved?.from) this.signals.released(moved.from, lease.tokens);
+      this.signals.dispatched(next, lease.tokens);
+    }
+    this.picked(next, now);
     return { next };
   }
 
   /** The request ended (completed, failed or aborted): release whatever the lease still holds, once. */
   finish(leaseId: string | null, report: FinishReport): void {
     const now = Date.now();
-    const key = `${report.route}\u0000${report.status}`;
-    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-    if (report.keyLabel) this.countKey(report.keyLabel);
+    this.stats.countRequest(report.route, report.status);
+    if (report.keyLabel) this.stats.countKey(report.keyLabel);
     if (report.usageDetails) {
       const { node, reported } = report.usageDetails;
       const record = this.usageDetails.get(node) ?? freshUsageDetails();
       this.usageDetails.set(node, record);
       if (noteUsageDetails(record, reported)) console.warn(JSON.stringify({ event: "prefill_usage_details_missing", node, message: usageDetailsWarning(node) }));
     }
-    if (report.remember) this.remember(this.sticky, report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode }, STICKY_ENTRIES);
+    if (report.remember) this.sticky.remember(report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode });
     if (report.prefill) {
       this.applyOutcome(report.prefill, now);
-      if (report.prefill.ms !== undefined && report.prefill.outcome === "ok") observe(this.latency.prefill, report.prefill.ms);
+      if (report.prefill.ms !== undefined && report.prefill.outcome === "ok") this.stats.observePrefill(report.prefill.ms);
     }
     if (report.decode) {
       this.applyOutcome(report.decode, now);
-      if (report.decode.ms !== undefined && report.decode.outcome === "ok") observe(this.latency.ttfb, report.decode.ms);
+      if (report.decode.ms !== undefined && report.decode.outcome === "ok") this.stats.observeTtfb(report.decode.ms);
     }
-    if (leaseId && !this.release(leaseId)) this.remember(this.released, leaseId, now + this.leaseTtlMs, 10_000);
+    if (!leaseId) return;
+    // a request still waiting at the edge whose client left: out of the queue, never given a lease
+    const waiter = this.admission.leave(leaseId);
+    if (waiter) waiter.item.answer({ ok: false, error: { kind: "client_gone" } });
+    this.reservations.delete(leaseId);
+    const released = this.leases.release(leaseId);
+    if (!released) this.leases.tombstone(leaseId, now);
+    else this.freed(released);
   }
 
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
@@ -270,27 +295,27 @@ export class ClusterState extends DurableObject {
 
   /** Counts a request that never reached routing (bad input, auth), for /metrics. */
   count(route: string, status: number, keyLabel?: string): void {
-    const key = `${route}\u0000${status}`;
-    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-    if (keyLabel) this.countKey(keyLabel);
+    this.stats.countRequest(route, status);
+    if (keyLabel) this.stats.countKey(keyLabel);
   }
 
   /** Counts one authenticated request under its key label, for /metrics. */
   countKey(label: string): void {
-    this.keyRequests.set(label, (this.keyRequests.get(label) ?? 0) + 1);
+    this.stats.countKey(label);
   }
 
   keyCounts(): KeyCount[] {
-    return [...this.keyRequests].map(([key, count]) => ({ key, count }));
+    return this.stats.keyCounts();
   }
 
-  snapshot(cluster?: ClusterView): ClusterSnapshot {
+  /** Shared state as operators see it; `withHistory`: include the status page's per-node history (kept off /metrics). */
+  snapshot(cluster?: ClusterView, withHistory = false): ClusterSnapshot {
     const now = Date.now();
     if (cluster) this.syncCluster(cluster);
     this.sweep(now);
     const nodes = (this.cluster?.nodes ?? []).map((n) => {
-      const h = this.health.get(n.id) ?? freshHealth();
-      const c = this.counters.get(n.id) ?? newCounters();
+      const h = this.health.view(n.id);
+      const c = this.leases.loadOf(n.id);
       return {
         id: n.id,
         url: n.url,
@@ -305,48 +330,74 @@ export class ClusterState extends DurableObject {
         failureStreak: h.failureStreak,
         failuresTotal: h.failuresTotal,
         lastFailureAt: h.lastFailureAt,
-        inflight: { prefill: c.prefill, decode: c.decode, tokens: c.tokens },
-        requestsTotal: { prefill: c.requestsPrefill, decode: c.requestsDecode },
+        inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0 },
+        requestsTotal: { prefill: c?.requestsPrefill ?? 0, decode: c?.requestsDecode ?? 0 },
+        signals: this.signalsStatus(n, now),
         usageDetails: usageDetailsVerdict(this.usageDetails.get(n.id)),
       };
     });
-    const split = (m: Map<string, number>) => [...m].map(([k, count]) => ({ parts: k.split("\u0000"), count }));
     return {
       version: this.cluster?.version ?? null,
       nodes,
       leases: this.leases.size,
-      expiredLeases: this.expiredLeases,
-      requests: split(this.requests).map(({ parts, count }) => ({ route: parts[0]!, status: Number(parts[1]), count })),
-      decisions: split(this.decisions).map(({ parts, count }) => ({ role: parts[0] as Role, rule: parts[1]!, count })),
+      expiredLeases: this.stats.expiredLeases,
+      requests: this.stats.requests(),
+      decisions: this.stats.decisions(),
       prefix: {
         prefillEntries: this.prefixIndex.prefill.size,
         decodeEntries: this.prefixIndex.decode.size,
         maxEntries: PREFIX_INDEX_ENTRIES,
-        ...this.prefixStats,
+        ...this.stats.prefix,
       },
-      latency: this.latency,
+      latency: this.stats.latency,
+      admission: { queued: this.admission.size, wait: this.stats.admissionWait, rejected: this.stats.rejected() },
+      history: withHistory ? this.history.points(now) : [],
       now,
     };
   }
 
   // ---- active health ----------------------------------------------------------------
 
-  /** Probes every node's /health, then re-arms itself. Idempotent: one alarm at a time. */
+  /**
+   * Runs the jobs due — probes of every node's health path, polls of every node's /metrics — then
+   * re-arms itself for the next one (alarm-schedule.ts). Routing never waits for it: a slow node
+   * holds only its own probe or poll, within their timeouts.
+   */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
     if (!cluster) return;
+    const jobs = this.schedule.take(periodsOf(cluster), Date.now());
+    await Promise.all([jobs.includes("probe") ? this.probeAll(cluster) : null, jobs.includes("poll") ? this.pollAll(cluster) : null]);
+    const now = Date.now();
+    this.sweep(now);
+    this.checkpointCursors();
+    this.sample(now);
+    this.admitWaiting();
+    await this.ctx.storage.setAlarm(this.schedule.next());
+  }
+
+  private async probeAll(cluster: Cluster): Promise<void> {
     const s = cluster.health;
-    const probeWith = probeSettings(cluster);
+    const { path, timeoutMs } = probeSettings(cluster);
     await Promise.all(
       cluster.nodes.map(async (n) => {
-        const ok = await probeNode(this.env as unknown as Record<string, unknown>, { ...n, reach: n.reach ?? {} }, probeWith);
+        const ok = await probeNode(this.env as unknown as Record<string, unknown>, n, path, timeoutMs);
         const h = this.health.get(n.id);
         if (h) onProbe(h, ok, Date.now(), s);
       }),
     );
-    this.sweep(Date.now());
-    this.checkpointCursors();
-    await this.ctx.storage.setAlarm(Date.now() + s.intervalMs);
+  }
+
+  /** Each node's /metrics: a reading that answered replaces the last; a failure keeps it, to go stale. */
+  private async pollAll(cluster: Cluster): Promise<void> {
+    const { intervalMs } = signalsOf(cluster);
+    const timeoutMs = Math.max(1, Math.min(2_000, Math.floor(intervalMs / 2)));
+    await Promise.all(
+      cluster.nodes.map(async (n) => {
+        const reading = await pollEngineMetrics(this.env as unknown as Record<string, unknown>, n, timeoutMs);
+        if (reading && this.health.get(n.id)) this.signals.record(n.id, reading, Date.now());
+      }),
+    );
   }
 
   // ---- internals ----------------------------------------------------------------------
@@ -360,83 +411,46 @@ export class ClusterState extends DurableObject {
 
   private applyCluster(view: ClusterView): void {
     this.cluster = view;
-    const ids = new Set(view.nodes.map((n) => n.id));
-    for (const n of view.nodes) if (!this.health.has(n.id)) this.health.set(n.id, freshHealth());
     // Nodes removed from the document are forgotten (their leases still release normally).
-    for (const id of [...this.health.keys()]) {
-      if (!ids.has(id)) {
-        this.health.delete(id);
-        this.prefixIndex.prefill.forget(id);
-        this.prefixIndex.decode.forget(id);
-        this.recent.delete(id);
-        const c = this.counters.get(id);
-        if (c && c.prefill === 0 && c.decode === 0) this.counters.delete(id);
-      }
+    for (const id of this.health.sync(new Set(view.nodes.map((n) => n.id)))) {
+      this.prefixIndex.prefill.forget(id);
+      this.prefixIndex.decode.forget(id);
+      this.recent.forget(id);
+      this.leases.forget(id);
+      this.signals.forget(id);
     }
+    this.schedule.configure(periodsOf(view), Date.now());
+    // new nodes or thresholds may admit requests that wait
+    if (this.admission.size > 0) queueMicrotask(() => this.admitWaiting());
   }
 
+  /** The alarm fires for the earliest job due (a new document may bring one sooner). */
   private async ensureAlarm(): Promise<void> {
     const current = await this.ctx.storage.getAlarm();
-    if (current === null && this.cluster) await this.ctx.storage.setAlarm(Date.now() + this.cluster.health.intervalMs);
+    const next = this.schedule.next();
+    if (this.cluster && (current === null || current > next)) await this.ctx.storage.setAlarm(next);
   }
 
-  private candidate(n: ClusterView["nodes"][number], role: Role, now: number): CandidateNode {
-    const h = this.health.get(n.id) ?? freshHealth();
-    const c = this.counters.get(n.id);
+  private candidate(n: ViewNode, role: Role, now: number): CandidateNode {
+    const h = this.health.view(n.id);
+    const load = this.leases.loadOf(n.id);
     return {
+      signals: role === "decode" ? this.signalView(n.id, now) : null,
       id: n.id,
       weight: n.weight,
       group: n.group ?? `node:${n.id}`,
-      load: c ? c[role] : 0,
+      load: load ? load[role] : 0,
       healthy: isHealthy(h, now),
       drain: n.drain,
       lastFailureAt: h.lastFailureAt,
-      recent: this.recent.get(n.id)?.[role] ?? 0,
+      recent: this.recent.of(n.id, role),
     };
   }
 
-  private take(node: string, role: Role, tokens: number, now: number): void {
-    const c = this.counters.get(node) ?? newCounters();
-    this.counters.set(node, c);
-    c[role] += 1;
-    c.tokens += tokens;
-    if (role === "prefill") c.requestsPrefill += 1;
-    else c.requestsDecode += 1;
+  /** A request was routed to the node: in half-open, it is the one trial. */
+  private picked(node: string, now: number): void {
     const h = this.health.get(node);
     if (h) onPicked(h, now);
-  }
-
-  /** Decays every node's recent count by one request's worth and counts this one. */
-  private countRecent(prefill: string | null, decode: string, halfLife: number): void {
-    const decay = 0.5 ** (1 / halfLife);
-    for (const r of this.recent.values()) {
-      if (prefill) r.prefill *= decay;
-      r.decode *= decay;
-    }
-    const bump = (id: string, role: Role) => {
-      const r = this.recent.get(id) ?? { prefill: 0, decode: 0 };
-      r[role] += 1;
-      this.recent.set(id, r);
-    };
-    if (prefill) bump(prefill, "prefill");
-    bump(decode, "decode");
-  }
-
-  private give(node: string, role: Role, tokens: number): void {
-    const c = this.counters.get(node);
-    if (!c) return;
-    c[role] = Math.max(0, c[role] - 1);
-    c.tokens = Math.max(0, c.tokens - tokens);
-  }
-
-  /** Releases a lease once; false when it is not (or no longer) held. */
-  private release(leaseId: string): boolean {
-    const lease = this.leases.get(leaseId);
-    if (!lease) return false;
-    this.leases.delete(leaseId);
-    if (lease.prefill) this.give(lease.prefill, "prefill", 0);
-    this.give(lease.decode, "decode", lease.tokens);
-    return true;
   }
 
   private applyOutcome(report: LegReport, now: number): void {
@@ -449,50 +463,141 @@ export class ClusterState extends DurableObject {
   }
 
   /** Expired leases are released, so a request whose release was lost cannot leak load. */
-  private sweep(now: number): void {
-    if (now - this.lastSweep < 1_000) return;
+  private sweep(now: number, force = false): void {
+    if (!force && now - this.lastSweep < SWEEP_EVERY_MS) return;
     this.lastSweep = now;
-    for (const [id, lease] of this.leases) {
-      if (lease.expiresAt > now) continue;
+    for (const [id, lease] of this.leases.expire(now)) {
       // Its request stopped renewing without finishing (the runtime dropped it): count and log
       // it here, the one place that still knows it.
-      this.release(id);
-      this.expiredLeases++;
-      const key = `${lease.route}\u0000499`;
-      this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-      console.warn(JSON.stringify({ event: "lease_expired", requestId: lease.requestId, leaseId: id, prefill: lease.prefill, decode: lease.decode, model: lease.model }));
+      const unconfirmed = this.reservations.delete(id);
+      this.stats.expiredLeases++;
+      this.stats.countRequest(lease.route, 499);
+      this.freed(lease);
+      console.warn(
+        JSON.stringify({
+          event: unconfirmed ? "reservation_expired" : "lease_expired",
+          requestId: lease.requestId,
+          leaseId: id,
+          prefill: lease.prefill,
+          decode: lease.decode,
+          model: lease.model,
+        }),
+      );
     }
-    for (const [id, expiresAt] of this.released) if (expiresAt <= now) this.released.delete(id);
+  }
+
+  /** A decode lease ended: the projection frees its tokens, and a waiting request may fit now. */
+  private freed(lease: NodeLease): void {
+    this.signals.released(lease.decode, lease.tokens);
+    if (this.admission.size > 0) queueMicrotask(() => this.admitWaiting());
+  }
+
+  /** The node's signals as routing uses them: projected, or null when stale or never polled. */
+  private signalView(node: string, now: number): NodeSignals | null {
+    if (!this.cluster) return null;
+    const v = this.signals.view(node, now, signalsOf(this.cluster).staleMs);
+    return v ? { kvUsage: v.kvUsage, queue: v.queue, ageMs: v.ageMs } : null;
+  }
+
+  private signalsStatus(n: ViewNode, now: number): NodeSignalsStatus | null {
+    const last = this.signals.last(n.id);
+    if (!last || !this.cluster) return null;
+    const s = signalsOf(this.cluster);
+    const view = this.signals.view(n.id, now, s.staleMs);
+    const decodes = n.role === "decode" || n.role === "both";
+    const projected = view ? { kvUsage: view.kvUsage, queue: view.queue } : null;
+    return {
+      ...last.reading,
+      at: last.at,
+      ageMs: Math.max(0, now - last.at),
+      projected,
+      busy: decodes && view !== null && isBusy({ signals: view }, s),
+    };
   }
 
   /**
-   * Cursors move in memory on every request; SQLite gets them from the alarm (checkpointCursors).
-   * A write here would hold every routed response behind the output gate until the write is
-   * durable (~5 ms a request measured locally), and a rotation restarting a few requests back
-   * after an eviction costs nothing.
+   * Offers the waiting requests, oldest first, what the nodes can take now; expires those whose
+   * time ran out (503 cluster_busy). An admitted request's lease is a reservation until its
+   * Worker confirms it.
    */
-  private saveCursors(next: { prefill: number; decode: number }): void {
-    this.cursors = { ...next };
+  private admitWaiting(): void {
+    const cluster = this.cluster;
+    const now = Date.now();
+    this.sweep(now, this.reservations.size > 0);
+    // confirmed, released or expired: no longer a reservation to watch
+    for (const [id, until] of this.reservations) if (until <= now || !this.leases.get(id)) this.reservations.delete(id);
+    const retryAfterS = cluster ? Math.max(1, Math.ceil(signalsOf(cluster).intervalMs / 1000)) : 1;
+    for (const w of this.admission.expire(now)) {
+      this.stats.countRejected("timeout");
+      w.item.answer({ ok: false, error: { kind: "cluster_busy", reason: "timeout", retryAfterS } });
+    }
+    // Requests for the same model see the same decode nodes: once one is refused in this pass, the
+    // rest are too (a pinned request depends on its own node, so it is always tried).
+    const refused = new Set<string>();
+    this.admission.admit((w) => {
+      if (!cluster || cluster.version !== w.item.req.version) {
+        w.item.answer({ ok: false, error: { kind: "stale_view" } });
+        return true;
+      }
+      const alike = w.item.req.pinned ? null : w.item.req.model;
+      if (alike !== null && refused.has(alike)) return false;
+      const routed = this.decide(w.item.req, cluster, now, true);
+      if (!routed.ok && routed.error.kind === "decode_busy") {
+        if (alike !== null) refused.add(alike);
+        return false;
+      }
+      const queuedMs = now - w.enqueuedAt;
+      if (routed.ok && routed.leaseId) {
+        const until = now + Math.min(ADMISSION_RESERVATION_MS, this.leases.ttlMs);
+        const lease = this.leases.get(routed.leaseId);
+        if (lease) lease.expiresAt = until;
+        this.reservations.set(routed.leaseId, until);
+      }
+      this.stats.observeAdmissionWait(queuedMs);
+      w.item.answer(routed.ok ? { ...routed, queuedMs } : routed);
+      return true;
+    });
+    this.armWake();
+  }
+
+  /** One timer for the next thing that needs the object without a call: a queue deadline, a reservation's end. */
+  private armWake(): void {
+    clearTimeout(this.wakeTimer);
+    const deadlines = [...this.reservations.values()];
+    const queueDeadline = this.admission.nextDeadline();
+    if (queueDeadline !== null) deadlines.push(queueDeadline);
+    if (deadlines.length === 0) return;
+    const at = Math.min(...deadlines);
+    this.wakeTimer = setTimeout(() => this.admitWaiting(), Math.max(0, at - Date.now()) + 5);
+  }
+
+  /** One point of per-node figures for the status page's history. */
+  private sample(now: number): void {
+    const cluster = this.cluster;
+    if (!cluster || now - this.lastSample < HISTORY_EVERY_MS) return;
+    this.lastSample = now;
+    const staleMs = signalsOf(cluster).staleMs;
+    this.history.add({
+      t: now,
+      nodes: cluster.nodes.map((n) => {
+        const load = this.leases.loadOf(n.id);
+        const view = this.signals.view(n.id, now, staleMs);
+        return { node: n.id, inflight: (load?.prefill ?? 0) + (load?.decode ?? 0), kvUsage: view?.reported.kvUsage ?? null, queue: view?.reported.waiting ?? null };
+      }),
+    });
   }
 
   private checkpointCursors(): void {
-    for (const pool of ["prefill", "decode"] as const) {
-      if (this.savedCursors[pool] === this.cursors[pool]) continue;
-      this.ctx.storage.sql.exec(`INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`, pool, this.cursors[pool]);
-      this.savedCursors[pool] = this.cursors[pool];
+    for (const { role, value } of this.cursors.unsaved()) {
+      this.ctx.storage.sql.exec(`INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`, role, value);
+      this.cursors.saved(role, value);
     }
   }
-
-  private remember<V>(map: Map<string, V>, key: string, value: V, cap: number): void {
-    map.delete(key);
-    map.set(key, value);
-    if (map.size > cap) map.delete(map.keys().next().value as string);
-  }
 }
+
+const signalsOf = (c: Cluster): SignalSettings => c.signals ?? DEFAULT_SIGNALS;
+const admissionOf = (c: Cluster): AdmissionSettings => c.admission ?? DEFAULT_ADMISSION;
+const periodsOf = (c: Cluster): Record<AlarmJob, number> => ({ probe: c.health.intervalMs, poll: signalsOf(c).intervalMs });
 
 const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
 const slimDecision = (d: Decision): Decision => ({ prefill: slimRole(d.prefill), decode: slimRole(d.decode), cursors: d.cursors });
-
-function newCounters(): NodeCounters {
-  return { prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 };
-}

@@ -1,7 +1,10 @@
 import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
 import type { NodeReach } from "../config/schema";
 import type { UsageDetailsVerdict } from "../observability/usage-details";
+import type { AdmissionSettings } from "./admission-queue";
+import type { SignalSettings } from "./engine-signals";
 import type { BreakerState, HealthSettings } from "./health";
+import type { HistoryPoint } from "./node-history";
 
 /** The part of the cluster document the Durable Object needs; sent with every call that routes. */
 export interface ClusterView {
@@ -9,6 +12,9 @@ export interface ClusterView {
   protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
   policy: SelectionPolicy;
   health: HealthSettings;
+  /** absent in a view saved before signals existed: the defaults apply */
+  signals?: SignalSettings | undefined;
+  admission?: AdmissionSettings | undefined;
   nodes: Array<{
     id: string;
     url: string;
@@ -51,7 +57,17 @@ export interface RouteRequest {
   route?: string;
 }
 
-export type RouteResponse = { ok: true; leaseId: string | null; decision: Decision } | { ok: false; error: SelectionError | { kind: "stale_view" } };
+/** Why a request that waited at the edge was not admitted. */
+export type AdmissionError =
+  /** every decode node is busy: the queue is full, or the request waited `queueMs` */
+  | { kind: "cluster_busy"; reason: "queue_full" | "timeout"; retryAfterS: number }
+  /** the request left the queue (its client left) */
+  | { kind: "client_gone" };
+
+export type RouteResponse =
+  /** queuedMs: how long the request waited at the edge for a decode node that is not busy (absent: it did not) */
+  | { ok: true; leaseId: string | null; decision: Decision; queuedMs?: number; wouldWait?: { queued: number } }
+  | { ok: false; error: SelectionError | { kind: "stale_view" } | AdmissionError };
 
 /**
  * How a leg ended, as far as the node's health is concerned. `busy`: the node answered 503/429
@@ -102,6 +118,22 @@ export interface NodeStatus {
   requestsTotal: { prefill: number; decode: number };
   /** whether the node's prefill answers carry prompt_tokens_details (observability/usage-details.ts) */
   usageDetails?: UsageDetailsVerdict;
+  /** the engine's last /metrics reading (null until a poll answered) and its projection now (null when stale) */
+  signals: NodeSignalsStatus | null;
+}
+
+export interface NodeSignalsStatus {
+  /** reported by the engine at its last poll */
+  kvUsage: number | null;
+  waiting: number | null;
+  running: number | null;
+  kvCapacityTokens: number | null;
+  /** when that poll answered (epoch ms) and how old it is */
+  at: number;
+  ageMs: number;
+  /** the projection routing uses now: null when the reading is older than signals.staleMs */
+  projected: { kvUsage: number | null; queue: number | null } | null;
+  busy: boolean;
 }
 
 export interface ClusterSnapshot {
@@ -114,6 +146,10 @@ export interface ClusterSnapshot {
   decisions: Array<{ role: Role; rule: string; count: number }>;
   prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
   latency: { ttfb: Histogram; prefill: Histogram };
+  /** requests waiting at the edge now, how long the admitted ones waited, and the ones refused by reason */
+  admission: { queued: number; wait: Histogram; rejected: Array<{ reason: string; count: number }> };
+  /** the last minutes of per-node figures (status page charts) */
+  history: HistoryPoint[];
   now: number;
 }
 

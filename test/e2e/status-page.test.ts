@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
+import { startMetricsFront, type MetricsFront } from "../support/metrics-front";
 
 const ADMIN_TOKEN = "e2e-admin-token";
 const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
@@ -28,6 +29,8 @@ describe("status page in a browser", () => {
   let router: { url: string; stop: () => Promise<void>; output: () => string };
   let browser: Browser;
   let persistDir: string;
+  // the decode nodes answer GET /metrics like vLLM (KV use 40% and 70%); everything else reaches the engines
+  const fronts: Record<string, MetricsFront> = {};
 
   beforeAll(async () => {
     cluster = await startSimCluster({
@@ -39,7 +42,15 @@ describe("status page in a browser", () => {
         { id: "d1", role: "decode" },
       ],
     });
-    const url = (id: string) => cluster.engines.get(id).url as string;
+    const engineUrl = (id: string) => cluster.engines.get(id).url as string;
+    for (const [id, kvUsage] of [
+      ["d0", 0.4],
+      ["d1", 0.7],
+    ] as const) {
+      fronts[id] = await startMetricsFront(engineUrl(id));
+      fronts[id].set({ mode: "override", values: { kvUsage, waiting: 0, running: 2 } });
+    }
+    const url = (id: string) => fronts[id]?.url ?? engineUrl(id);
     persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-e2e-"));
     router = await startRouter({
       port: await freePort(),
@@ -51,6 +62,7 @@ describe("status page in a browser", () => {
         policy: { prefill: "round_robin", decode: "round_robin" },
         // probe every second (the shortest interval allowed), one failed probe marks a node down
         health: { intervalMs: 1000, probeTimeoutMs: 500, downAfter: 1, upAfter: 1 },
+        signals: { intervalMs: 1000, staleMs: 5000 },
         nodes: [
           { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
           { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
@@ -68,6 +80,7 @@ describe("status page in a browser", () => {
   afterAll(async () => {
     await browser?.close();
     await router?.stop();
+    await Promise.all(Object.values(fronts).map((f) => f.close()));
     await cluster?.close();
     if (persistDir) await rm(persistDir, { recursive: true, force: true });
   });
@@ -220,6 +233,32 @@ describe("status page in a browser", () => {
     const hit = (await line("hit", "matched / looked-up blocks")).values;
     expect(Math.max(...hit)).toBeLessThanOrEqual(100);
     await shot(page, "4-cache-aware.png");
+    expect(consoleErrors).toEqual([]);
+  });
+  it("opened after the traffic, shows the last minutes at once: in-flight and KV use per node from the object's history", async () => {
+    // traffic first (the tests above), page second: a new tab has seen nothing yet
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const consoleErrors: string[] = [];
+    page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+    await page.goto(`${router.url}/status#token=${ADMIN_TOKEN}`);
+    const values = (chart: string, series: string) =>
+      page.locator(`svg[data-chart="${chart}"] polyline[data-series="${series}"]`).evaluate((el) => JSON.parse(el.getAttribute("data-values") ?? "[]") as number[]);
+    await page.locator('svg[data-chart="kv"] polyline[data-series="d0"]').waitFor({ state: "attached" });
+    // the page's own polls add a point every 2 s: many points at once can only be the history
+    const kv0 = await values("kv", "d0");
+    const kv1 = await values("kv", "d1");
+    expect(kv0.length).toBeGreaterThanOrEqual(5);
+    expect(kv0).toContain(40);
+    expect(kv1).toContain(70);
+    expect((await values("inflight", "p0")).length).toBeGreaterThanOrEqual(5);
+    // prefill-only nodes have no KV chart line
+    expect(await page.locator('svg[data-chart="kv"] polyline[data-series="p0"]').count()).toBe(0);
+    // the node table shows the engines' figures
+    await page.locator('tr[data-node="d1"]').waitFor();
+    expect(await page.locator('tr[data-node="d1"]').textContent()).toContain("70%");
+    const shots = await mkdtemp(path.join(tmpdir(), "pd-router-status-shots-"));
+    await page.screenshot({ path: path.join(shots, "5-history.png"), fullPage: true });
+    console.info(`screenshot: ${path.join(shots, "5-history.png")}`);
     expect(consoleErrors).toEqual([]);
   });
 });

@@ -1,0 +1,27 @@
+// The decode KV guard (SPEC 8), pure. A decode node is busy when the engine's projected KV use is
+// at or above `kvBusy` or its queue at or above `queueBusy`: it gets no new request while a
+// node that is not busy can serve. Among the rest, KV use weighs in as a barrier.
+import type { CandidateNode, GuardSettings } from "./types";
+
+/** Busy: a fresh projection at or past a threshold. No fresh signals: never busy (fail open). */
+export function isBusy(n: Pick<CandidateNode, "signals">, guard: GuardSettings): boolean {
+  const s = n.signals;
+  if (!s) return false;
+  return (s.kvUsage !== null && s.kvUsage >= guard.kvBusy) || (s.queue !== null && s.queue >= guard.queueBusy);
+}
+
+/**
+ * KV use as extra in-flight requests: k / (1 - k). 0 at an empty cache, 1 at half full, 4 at 0.8,
+ * 9 at 0.9, without bound as k nears 1. The barrier is added to the node's in-flight count wherever
+ * a policy weighs load — bounded load's check and totals (affinity, cache_aware, the sticky check)
+ * and least_load's order — so each policy keeps its meaning: affinity and cache_aware still take
+ * their node until its load plus the barrier reaches its bound, and the bounds, computed over the
+ * same sums, still leave some node under its own. Same form and unit as SGLang's lightweight PD
+ * router's load score (`work + lambda * token_usage / (1 - token_usage)`, work in requests,
+ * lambda 1 by default, token_usage polled from the engines every 5 s).
+ */
+export function kvBarrier(n: Pick<CandidateNode, "signals">): number {
+  const k = n.signals?.kvUsage;
+  if (k === null || k === undefined || !(k > 0)) return 0;
+  return k >= 1 ? Number.POSITIVE_INFINITY : k / (1 - k);
+}

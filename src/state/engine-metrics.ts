@@ -1,0 +1,127 @@
+// Reads the few engine series the router acts on out of a Prometheus text page (GET /metrics).
+// Pure: text in, figures out. Names per engine and version (SPEC 8):
+//   KV use 0..1   vllm:kv_cache_usage_perc (v1) | vllm:gpu_cache_usage_perc (v0) | sglang:token_usage
+//   waiting       vllm:num_requests_waiting | sglang:num_queue_reqs
+//   running       vllm:num_requests_running | sglang:num_running_reqs
+//   KV capacity   vllm:cache_config_info{block_size,num_gpu_blocks} | sglang:max_total_num_tokens
+// SGLang <= 0.5.3 names them `sglang:`, >= 0.5.4 `sglang_`: both are read. The names of the two
+// engines never collide, so every name is looked for whatever the protocol (colocated may be either).
+// vLLM: vllm/v1/metrics/loggers.py (PrometheusStatLogger); SGLang: python/sglang/srt/metrics/collector.py.
+
+/** What one /metrics page says about the engine; null where the page did not carry the series. */
+export interface EngineReading {
+  /** KV cache in use, 0..1 */
+  kvUsage: number | null;
+  /** requests waiting in the engine's queue */
+  waiting: number | null;
+  /** requests the engine is running */
+  running: number | null;
+  /** tokens the KV cache holds when full */
+  kvCapacityTokens: number | null;
+}
+
+type Signal = "kvUsage" | "kvUsageV0" | "waiting" | "running" | "capacity" | "cacheConfig";
+
+const NAMES: Record<string, Signal> = {
+  "vllm:kv_cache_usage_perc": "kvUsage",
+  "vllm:gpu_cache_usage_perc": "kvUsageV0",
+  "vllm:num_requests_waiting": "waiting",
+  "vllm:num_requests_running": "running",
+  "vllm:cache_config_info": "cacheConfig",
+  "sglang:token_usage": "kvUsage",
+  sglang_token_usage: "kvUsage",
+  "sglang:num_queue_reqs": "waiting",
+  sglang_num_queue_reqs: "waiting",
+  "sglang:num_running_reqs": "running",
+  sglang_num_running_reqs: "running",
+  "sglang:max_total_num_tokens": "capacity",
+  sglang_max_total_num_tokens: "capacity",
+};
+
+/** One sample line: `name{labels} value [timestamp]`; null when the line is not one. */
+export function parseSample(line: string): { name: string; labels: Record<string, string>; value: number } | null {
+  const nameEnd = line.search(/[{\s]/);
+  if (nameEnd <= 0) return null;
+  const name = line.slice(0, nameEnd);
+  let at = nameEnd;
+  const labels: Record<string, string> = {};
+  if (line[at] === "{") {
+    at++;
+    for (;;) {
+      while (line[at] === " " || line[at] === ",") at++;
+      if (line[at] === "}") {
+        at++;
+        break;
+      }
+      const eq = line.indexOf("=", at);
+      if (eq < 0 || line[eq + 1] !== '"') return null;
+      const key = line.slice(at, eq).trim();
+      let value = "";
+      let i = eq + 2;
+      for (; i < line.length && line[i] !== '"'; i++) {
+        if (line[i] === "\\" && i + 1 < line.length) {
+          i++;
+          value += line[i] === "n" ? "\n" : line[i];
+        } else value += line[i];
+      }
+      if (i >= line.length) return null;
+      labels[key] = value;
+      at = i + 1;
+    }
+  }
+  const rest = line.slice(at).trim().split(/\s+/)[0];
+  if (rest === undefined || rest === "") return null;
+  const value = rest === "+Inf" ? Infinity : rest === "-Inf" ? -Infinity : Number(rest);
+  if (Number.isNaN(value) && rest !== "NaN") return null;
+  return { name, labels, value };
+}
+
+/**
+ * The engine's figures from its /metrics text (the whole page, or the part of it that was read).
+ * A node serving several label sets (vLLM data-parallel engines, SGLang DP ranks, several served
+ * model names): waiting, running and capacity are summed, KV use is the mean of the sets (a DP
+ * engine balances its ranks, so the node is full when they all are). Null when none of the series
+ * is there (an HTML page, garbage, another program's metrics).
+ */
+export function readEngineMetrics(text: string): EngineReading | null {
+  const sums: Record<Signal, { total: number; n: number }> = {
+    kvUsage: { total: 0, n: 0 },
+    kvUsageV0: { total: 0, n: 0 },
+    waiting: { total: 0, n: 0 },
+    running: { total: 0, n: 0 },
+    capacity: { total: 0, n: 0 },
+    cacheConfig: { total: 0, n: 0 },
+  };
+  let found = false;
+  for (const raw of text.split("\n")) {
+    const line = raw.trimStart();
+    if (line === "" || line.startsWith("#")) continue;
+    const end = line.search(/[{\s]/);
+    const signal = end > 0 ? NAMES[line.slice(0, end)] : undefined;
+    if (!signal) continue;
+    const sample = parseSample(line);
+    if (!sample || !Number.isFinite(sample.value)) continue;
+    let value = sample.value;
+    if (signal === "cacheConfig") {
+      // an info gauge: the figures are labels (vllm/v1/metrics/loggers.py, log_metrics_info "cache_config")
+      const blocks = Number(sample.labels.num_gpu_blocks);
+      const size = Number(sample.labels.block_size);
+      if (!(blocks > 0 && size > 0)) continue;
+      value = blocks * size;
+    }
+    sums[signal].total += value;
+    sums[signal].n += 1;
+    found = true;
+  }
+  if (!found) return null;
+  const mean = (s: { total: number; n: number }) => (s.n > 0 ? s.total / s.n : null);
+  const sum = (s: { total: number; n: number }) => (s.n > 0 ? s.total : null);
+  const kv = mean(sums.kvUsage) ?? mean(sums.kvUsageV0);
+  const reading: EngineReading = {
+    kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)),
+    waiting: sum(sums.waiting),
+    running: sum(sums.running),
+    kvCapacityTokens: sum(sums.capacity) ?? sum(sums.cacheConfig),
+  };
+  return reading.kvUsage === null && reading.waiting === null && reading.running === null ? null : reading;
+}

@@ -1,0 +1,100 @@
+import type { EngineReading } from "./engine-metrics";
+
+/** signals.* of the cluster document (SPEC 8) */
+export interface SignalSettings {
+  intervalMs: number;
+  staleMs: number;
+  kvBusy: number;
+  queueBusy: number;
+}
+
+/** A node's signals as routing sees them: the last poll projected forward by what was sent since. */
+export interface SignalView {
+  /** projected KV use 0..1; null when the engine reports none */
+  kvUsage: number | null;
+  /** projected engine queue (waiting requests); null when the engine reports none */
+  queue: number | null;
+  /** how old the poll is */
+  ageMs: number;
+  /** what the poll itself said */
+  reported: EngineReading;
+}
+
+interface NodeSignals {
+  reading: EngineReading;
+  at: number;
+  /** decode requests and their tokens routed to the node since the poll */
+  sent: number;
+  sentTokens: number;
+  /** decode leases on the node released since the poll (requests taken before or after it) */
+  freed: number;
+  freedTokens: number;
+}
+
+/**
+ * The engines' own figures, polled from /metrics by the object's alarm, and the projection between
+ * polls. Between two polls the router knows what it sent and what ended: KV use grows by the tokens
+ * dispatched to the node and shrinks by those of leases released (vLLM counts a finished request's
+ * blocks as free at once — vllm/v1/core/block_pool.py `get_usage` is 1 - free/total and freed blocks
+ * join the free queue even while still cached — so a release frees its tokens right away). A
+ * reading older than `staleMs` is ignored (routing falls back to leases), never waited for.
+ */
+export class EngineSignals {
+  readonly #byNode = new Map<string, NodeSignals>();
+
+  /** A poll answered with these figures. */
+  record(node: string, reading: EngineReading, now: number): void {
+    this.#byNode.set(node, { reading, at: now, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0 });
+  }
+
+  /** A decode request (of about `tokens` prompt tokens) went to the node. */
+  dispatched(node: string, tokens: number): void {
+    const s = this.#byNode.get(node);
+    if (!s) return;
+    s.sent += 1;
+    s.sentTokens += Math.max(0, tokens);
+  }
+
+  /** A decode lease on the node ended. */
+  released(node: string, tokens: number): void {
+    const s = this.#byNode.get(node);
+    if (!s) return;
+    s.freed += 1;
+    s.freedTokens += Math.max(0, tokens);
+  }
+
+  /** The node's projected signals, or null when there is no poll younger than `staleMs`. */
+  view(node: string, now: number, staleMs: number): SignalView | null {
+    const s = this.#byNode.get(node);
+    if (!s || now - s.at > staleMs) return null;
+    return { ...projectSignals(s), ageMs: Math.max(0, now - s.at), reported: s.reading };
+  }
+
+  /** The last reading whatever its age (for /metrics: what the engine last said). */
+  last(node: string): { reading: EngineReading; at: number } | null {
+    const s = this.#byNode.get(node);
+    return s ? { reading: s.reading, at: s.at } : null;
+  }
+
+  forget(node: string): void {
+    this.#byNode.delete(node);
+  }
+
+  clear(): void {
+    this.#byNode.clear();
+  }
+}
+
+/**
+ * KV: reported + (tokens sent - tokens freed) / capacity, within 0..1 (without a capacity the
+ * reading alone). Queue: an engine that had a queue at the poll admits a request only as another
+ * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
+ * queue at the poll was admitting what it got, so it is taken to have none still.
+ */
+export function projectSignals(s: Pick<NodeSignals, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">): { kvUsage: number | null; queue: number | null } {
+  const { kvUsage, waiting, kvCapacityTokens } = s.reading;
+  let kv = kvUsage;
+  if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / kvCapacityTokens;
+  const queue = waiting === null ? null : waiting > 0 ? Math.max(0, waiting + s.sent - s.freed) : 0;
+  return { kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)), queue };
+}

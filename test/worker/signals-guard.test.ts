@@ -1,0 +1,190 @@
+import { runDurableObjectAlarm, SELF } from "cloudflare:test";
+import { beforeEach, describe, expect, it } from "vitest";
+import { chatBody, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+
+// Engine signals through the Worker: nodes whose GET /metrics says what a real vLLM would, and
+// what routing does with it (SPEC 8).
+
+const PD = [
+  { id: "p0", role: "prefill" as const },
+  { id: "d0", role: "decode" as const },
+  { id: "d1", role: "decode" as const },
+];
+
+async function decodeOf(content: string): Promise<string | null> {
+  const res = await post("/v1/chat/completions", chatBody(content));
+  expect(res.status, await res.clone().text()).toBe(200);
+  await res.arrayBuffer();
+  return res.headers.get("x-pd-decode");
+}
+
+async function explain(content = "explain"): Promise<any> {
+  const res = await post("/v1/route", chatBody(content));
+  expect(res.status).toBe(200);
+  return res.json();
+}
+
+beforeEach(async () => {
+  await resetState();
+  await resetEngines();
+  for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1));
+});
+
+describe("the decode KV guard", () => {
+  it("a D reporting KV 0.95 gets no new work while another reports 0.2", async () => {
+    await setMetrics("d0", kv(0.95));
+    await setMetrics("d1", kv(0.2));
+    await putNodes(PD);
+    await poll();
+    const picks = [];
+    for (let i = 0; i < 8; i++) picks.push(await decodeOf(`turn ${i}`));
+    expect(picks.every((d) => d === "d1")).toBe(true);
+
+    const route = await explain();
+    const byId = Object.fromEntries(route.candidates.decode.map((c: any) => [c.id, c]));
+    expect(byId.d0).toMatchObject({ kvUsage: 0.95, queue: 0, busy: true, skipped: "busy" });
+    expect(byId.d1).toMatchObject({ kvUsage: 0.2, busy: false });
+    expect(byId.d1.signalsAgeMs).toBeGreaterThanOrEqual(0);
+    expect(route.decode.id).toBe("d1");
+    expect(route.admission).toEqual({ wait: false });
+  });
+
+  it("an engine queue at queueBusy makes a D busy too (SGLang-style waiting requests)", async () => {
+    await setMetrics("d0", kv(0.3, { waiting: 8 }));
+    await setMetrics("d1", kv(0.3, { waiting: 1 }));
+    await putNodes(PD);
+    await poll();
+    for (let i = 0; i < 4; i++) expect(await decodeOf(`queue ${i}`)).toBe("d1");
+    const byId = Object.fromEntries((await explain()).candidates.decode.map((c: any) => [c.id, c]));
+    expect(byId.d0).toMatchObject({ queue: 8, busy: true });
+  });
+
+  it("KV use below kvBusy weighs as k/(1-k) extra requests: least_load prefers the emptier cache", async () => {
+    await setMetrics("d0", kv(0.8));
+    await setMetrics("d1", kv(0.1));
+    await putNodes(PD, { policy: { prefill: "round_robin", decode: "least_load" } });
+    await poll();
+    const route = await explain();
+    const byId = Object.fromEntries(route.candidates.decode.map((c: any) => [c.id, c]));
+    expect(byId.d0.kvBarrier).toBeCloseTo(4, 3);
+    expect(byId.d1.kvBarrier).toBeCloseTo(0.111, 3);
+    expect(route.decode.id).toBe("d1");
+  });
+
+  it("nodes without fresh signals are never busy: stale readings fall back to leases", async () => {
+    await setMetrics("d0", kv(0.95));
+    await setMetrics("d1", kv(0.2));
+    // staleMs just above the (minimum) interval: the reading goes stale within two seconds
+    await putNodes(PD, { signals: { intervalMs: 1000, staleMs: 1001 } });
+    await poll();
+    expect(await decodeOf("fresh")).toBe("d1");
+    // the exporter stops answering: the last reading ages out and is not used
+    await setMetrics("d0", { mode: "status", status: 500 });
+    await waitFor(
+      "d0's reading stale",
+      async () => (await snapshot()).nodes.find((n) => n.id === "d0")?.signals,
+      (s) => s !== null && s !== undefined && s.projected === null,
+    );
+    await runDurableObjectAlarm(stub() as never);
+    const byId = Object.fromEntries((await explain()).candidates.decode.map((c: any) => [c.id, c]));
+    expect(byId.d0).toMatchObject({ kvUsage: null, queue: null, signalsAgeMs: null, busy: false });
+    const picks = new Set<string | null>();
+    for (let i = 0; i < 6; i++) picks.add(await decodeOf(`stale ${i}`));
+    expect(picks.has("d0")).toBe(true);
+  });
+});
+
+describe("the guard under colocated serving", () => {
+  it("one hop goes to the node whose cache has room", async () => {
+    await setMetrics("d0", kv(0.95));
+    await setMetrics("d1", kv(0.96));
+    await setMetrics("c0", kv(0.1));
+    await putNodes(
+      [
+        { id: "c0", role: "both" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+      { protocol: "colocated" },
+    );
+    await poll();
+    for (let i = 0; i < 4; i++) {
+      const res = await post("/v1/chat/completions", chatBody(`colocated ${i}`));
+      expect(res.status).toBe(200);
+      await res.arrayBuffer();
+      expect([res.headers.get("x-pd-prefill"), res.headers.get("x-pd-decode")]).toEqual(["c0", "c0"]);
+    }
+  });
+});
+
+describe("a node whose /metrics misbehaves is ignored safely", () => {
+  it.each([
+    ["garbage (an HTML page)", { mode: "garbage" as const }],
+    ["401 (an exporter behind auth)", { mode: "status" as const, status: 401 }],
+    ["404 (no /metrics)", { mode: "none" as const }],
+  ])("%s: no reading, the node routes as before", async (_name, mode) => {
+    await setMetrics("d0", mode);
+    await putNodes(PD);
+    await poll();
+    const d0 = (await snapshot()).nodes.find((n) => n.id === "d0")!;
+    expect(d0.signals).toBeNull();
+    expect(d0.healthy).toBe(true);
+    const picks = new Set<string | null>();
+    for (let i = 0; i < 4; i++) picks.add(await decodeOf(`bad metrics ${i}`));
+    expect(picks).toEqual(new Set(["d0", "d1"]));
+  });
+
+  it("a huge page: the figures at its head are read and the rest is not", async () => {
+    await setMetrics("d0", { mode: "huge", bytes: 8 * 1024 * 1024, values: { kvUsage: 0.42, waiting: 3, running: 5 } });
+    await putNodes(PD);
+    await poll();
+    const d0 = (await snapshot()).nodes.find((n) => n.id === "d0")!;
+    expect(d0.signals).toMatchObject({ kvUsage: 0.42, waiting: 3, running: 5 });
+    // the router closed the connection long before 8 MB
+    const stats = await waitFor(
+      "d0's page cut short",
+      () => frontStats("d0"),
+      (s) => s.metricsPending === 0,
+    );
+    expect(stats.metricsCut).toBeGreaterThanOrEqual(1);
+  });
+
+  it("a slow one: routing never waits for the poll, and the poll gives up at its timeout", async () => {
+    await setMetrics("d0", { mode: "slow", delayMs: 30_000 });
+    await putNodes(PD);
+    const sync = await post("/v1/route", chatBody("sync"));
+    await sync.arrayBuffer();
+    // the alarm's poll of d0 hangs; requests go on meanwhile
+    const alarm = runDurableObjectAlarm(stub() as never);
+    await waitFor(
+      "d0's /metrics pending",
+      () => frontStats("d0"),
+      (s) => s.metricsPending === 1,
+    );
+    for (let i = 0; i < 4; i++) await decodeOf(`while polling ${i}`);
+    expect((await frontStats("d0")).metricsPending).toBe(1);
+    expect(await alarm).toBe(true);
+    // the poll timed out (intervalMs / 2, at most 2 s) and closed the connection
+    expect((await frontStats("d0")).metricsPending).toBe(0);
+    expect((await snapshot()).nodes.find((n) => n.id === "d0")!.signals).toBeNull();
+  });
+});
+
+describe("signals in /metrics", () => {
+  it("pd_router_node_kv_usage and pd_router_node_queue once a poll answered; the admission series from the start", async () => {
+    await setMetrics("d0", kv(0.5, { waiting: 2 }));
+    await setMetrics("d1", { mode: "none" });
+    await putNodes(PD);
+    const before = await (await SELFmetrics()).text();
+    expect(before).toContain("pd_router_admission_queued 0");
+    expect(before).toContain('pd_router_admission_rejected_total{reason="timeout"} 0');
+    await poll();
+    const text = await (await SELFmetrics()).text();
+    expect(text).toContain('pd_router_node_kv_usage{node="d0"} 0.5');
+    expect(text).toContain('pd_router_node_queue{node="d0"} 2');
+    expect(text).not.toContain('pd_router_node_kv_usage{node="d1"}');
+    expect(text).toContain("pd_router_admission_wait_seconds_count");
+  });
+});
+
+const SELFmetrics = () => SELF.fetch("http://router/metrics");

@@ -1,0 +1,87 @@
+import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
+import { inject } from "vitest";
+import type { MetricsMode } from "../support/metrics-front";
+
+// Nodes with a steerable /metrics (test/signals-global-setup.ts) and the cluster around them.
+
+export const signalsRig = () => inject("signals");
+export const nodeUrl = (id: string) => signalsRig().nodes[id]!;
+
+export async function setMetrics(id: string, mode: MetricsMode): Promise<void> {
+  const res = await fetch(`${signalsRig().controlUrl}/fronts/${id}/metrics`, { method: "POST", body: JSON.stringify(mode) });
+  if (!res.ok) throw new Error(`set metrics ${id}: ${res.status}`);
+}
+
+export async function frontStats(id: string): Promise<{ metricsRequests: number; metricsPending: number; metricsCut: number; proxied: number }> {
+  return (await fetch(`${signalsRig().controlUrl}/fronts/${id}/stats`)).json();
+}
+
+export const kv = (kvUsage: number, extra: { waiting?: number; running?: number; capacityTokens?: number } = {}): MetricsMode => ({
+  mode: "override",
+  values: { kvUsage, waiting: extra.waiting ?? 0, running: extra.running ?? 1, ...(extra.capacityTokens !== undefined ? { capacityTokens: extra.capacityTokens } : {}) },
+});
+
+/** Engine requests the simulator recorded for a node (what reached it). */
+export async function engineRequests(id: string): Promise<Array<{ path: string; headers: Record<string, string>; body: string }>> {
+  return (await fetch(`${signalsRig().simControlUrl}/engines/${id}/requests`)).json();
+}
+
+export async function resetEngines(): Promise<void> {
+  await fetch(`${signalsRig().simControlUrl}/reset`, { method: "POST", body: "{}" });
+}
+
+/** A document over the fronted nodes; long intervals so only a test's own alarm runs poll. */
+export async function putNodes(ids: Array<{ id: string; role: "prefill" | "decode" | "both" }>, extra: Record<string, unknown> = {}): Promise<void> {
+  const doc = {
+    protocol: "vllm",
+    policy: { prefill: "round_robin", decode: "round_robin" },
+    health: { intervalMs: 600_000 },
+    signals: { intervalMs: 600_000, staleMs: 1_200_000 },
+    ...extra,
+    nodes: ids.map((n) => ({ ...n, url: nodeUrl(n.id) })),
+  };
+  await env.NODES.put("nodes", JSON.stringify(doc));
+}
+
+export const stub = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
+
+/** Forgets what a previous test left in the object (health, stickiness, prefix index, signals, the view). */
+export async function resetState(): Promise<void> {
+  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+  await run(stub() as unknown, (instance) => {
+    instance.health.clear();
+    instance.sticky.clear();
+    instance.prefixIndex.prefill.clear();
+    instance.prefixIndex.decode.clear();
+    instance.signals.clear();
+    instance.cluster = null;
+  });
+}
+
+/** Hands the document to the object (a dry run carries the view), then runs its alarm: a poll of every node. */
+export async function poll(): Promise<void> {
+  const res = await post("/v1/route", chatBody("sync"));
+  await res.arrayBuffer();
+  await runDurableObjectAlarm(stub() as never);
+}
+
+export function post(path: string, body: unknown, init: RequestInit = {}) {
+  return SELF.fetch(`http://router${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), ...init });
+}
+
+export const chatBody = (content: string, extra: Record<string, unknown> = {}) => ({ model: "sim-model", messages: [{ role: "user", content }], max_tokens: 2, ...extra });
+
+export async function snapshot() {
+  return stub().snapshot();
+}
+
+export async function waitFor<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, ms = 5000): Promise<T> {
+  const deadline = Date.now() + ms;
+  let last = await read();
+  while (!ok(last)) {
+    if (Date.now() > deadline) throw new Error(`${what}: not reached in ${ms} ms; last ${JSON.stringify(last)}`);
+    await new Promise((r) => setTimeout(r, 25));
+    last = await read();
+  }
+  return last;
+}

@@ -1,0 +1,70 @@
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import { parseSample, readEngineMetrics } from "../../../src/state/engine-metrics";
+import { projectSignals } from "../../../src/state/engine-signals";
+import { sglangMetricsText, vllmMetricsText } from "../../support/engine-metrics-text";
+
+describe("reading an engine's /metrics page", () => {
+  it("vLLM v1: KV use, waiting, running and the KV capacity from cache_config_info's labels", () => {
+    expect(readEngineMetrics(vllmMetricsText({ kvUsage: 0.27, waiting: 3, running: 5, capacityTokens: 16 * 1000 }))).toEqual({
+      kvUsage: 0.27,
+      waiting: 3,
+      running: 5,
+      kvCapacityTokens: 16_000,
+    });
+  });
+
+  it("vLLM v0's gpu_cache_usage_perc when the v1 name is absent", () => {
+    const v0 = vllmMetricsText({ kvUsage: 0.5, waiting: 0, running: 1 }).replaceAll("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc");
+    expect(readEngineMetrics(v0)?.kvUsage).toBe(0.5);
+  });
+
+  it.each(["sglang:", "sglang_"] as const)("SGLang with %s names", (prefix) => {
+    expect(readEngineMetrics(sglangMetricsText({ kvUsage: 0.61, waiting: 4, running: 7, capacityTokens: 500_000 }, prefix))).toEqual({
+      kvUsage: 0.61,
+      waiting: 4,
+      running: 7,
+      kvCapacityTokens: 500_000,
+    });
+  });
+
+  it("several label sets on one node (DP engines or ranks): queues and capacity summed, KV use averaged", () => {
+    const r = readEngineMetrics(vllmMetricsText({ kvUsage: 0.4, waiting: 6, running: 8, capacityTokens: 32_000 }, 2))!;
+    expect(r).toMatchObject({ kvUsage: 0.4, waiting: 6, running: 8 });
+    expect(r.kvCapacityTokens).toBe(32_000);
+  });
+
+  it("garbage, HTML and other programs' metrics give no reading", () => {
+    expect(readEngineMetrics("<html><body>502 Bad Gateway</body></html>")).toBeNull();
+    expect(readEngineMetrics('go_goroutines 12\nprocess_cpu_seconds_total{a="b"} 3\n')).toBeNull();
+    expect(readEngineMetrics('vllm:kv_cache_usage_perc{engine="0" 0.5\n')).toBeNull();
+    fc.assert(
+      fc.property(fc.string({ maxLength: 300 }), (text) => {
+        const r = readEngineMetrics(text);
+        return r === null || r.kvUsage === null || (r.kvUsage >= 0 && r.kvUsage <= 1);
+      }),
+    );
+  });
+
+  it("label values with escapes, timestamps and special values", () => {
+    expect(parseSample('x{a="q\\"u,o}te",b="n\\nl"} 1.5 1700000000000')).toEqual({ name: "x", labels: { a: 'q"u,o}te', b: "n\nl" }, value: 1.5 });
+    expect(parseSample("x +Inf")?.value).toBe(Number.POSITIVE_INFINITY);
+    expect(parseSample("x")).toBeNull();
+  });
+});
+
+describe("the projection between polls", () => {
+  const reading = { kvUsage: 0.5, waiting: 0, running: 4, kvCapacityTokens: 1000 };
+  it("adds what was sent and frees what was released, within 0..1", () => {
+    expect(projectSignals({ reading, sent: 2, sentTokens: 200, freed: 0, freedTokens: 0 }).kvUsage).toBeCloseTo(0.7);
+    expect(projectSignals({ reading, sent: 0, sentTokens: 0, freed: 3, freedTokens: 300 }).kvUsage).toBeCloseTo(0.2);
+    expect(projectSignals({ reading, sent: 9, sentTokens: 9000, freed: 0, freedTokens: 0 }).kvUsage).toBe(1);
+    expect(projectSignals({ reading: { ...reading, kvCapacityTokens: null }, sent: 9, sentTokens: 9000, freed: 0, freedTokens: 0 }).kvUsage).toBe(0.5);
+  });
+
+  it("a queue grows by what is sent only if the engine was queueing at the poll", () => {
+    expect(projectSignals({ reading, sent: 5, sentTokens: 0, freed: 0, freedTokens: 0 }).queue).toBe(0);
+    expect(projectSignals({ reading: { ...reading, waiting: 3 }, sent: 5, sentTokens: 0, freed: 2, freedTokens: 0 }).queue).toBe(6);
+    expect(projectSignals({ reading: { ...reading, waiting: 3 }, sent: 0, sentTokens: 0, freed: 9, freedTokens: 0 }).queue).toBe(0);
+  });
+});
