@@ -3,7 +3,7 @@ import { RouterError } from "../errors";
 import type { ClusterView } from "../state/types";
 import { ClusterConfigLoader, CONFIG_KEY, DEFAULT_CONFIG_TTL_MS, type ConfigSnapshot } from "./load";
 import { nodePools, WHOLE_CLUSTER, type NodePool } from "./pools";
-import type { ClusterConfig, NodeConfig } from "./schema";
+import { localPrefillOf, type ClusterConfig, type NodeConfig } from "./schema";
 
 // The Worker's view of the cluster document: one loader per isolate, one Durable Object per cluster.
 
@@ -85,6 +85,7 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
         models: n.models,
         reach: n.reach,
         apiKeySecret: n.apiKeySecret,
+        localPrefill: localPrefillOf(n, config.protocol),
       })),
     };
     byPool.set(pool.key, view);

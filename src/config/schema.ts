@@ -93,6 +93,9 @@ export const NodeSchema = z
     // how the router reaches this node; replaces the document's `reach` (an empty object: directly)
     reach: ReachSchema.optional(),
     drain: z.boolean().default(false),
+    // SPEC 8: the node can prefill a request itself as a decode node (conditional disaggregation);
+    // absent: true for vllm / vllm-mooncake decode-capable nodes, false under sglang (localPrefillOf)
+    localPrefill: z.boolean().optional(),
     // Only NODE_* secrets: whoever edits the document must not be able to make the router send
     // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
     apiKeySecret: nodeSecretName("the node's bearer token").optional(),
@@ -107,6 +110,11 @@ const PolicySchema = z
     pdGroupBonus: z.number().min(0).max(10).default(0.3),
     loadFactor: z.number().min(1).max(100).default(1.25),
     loadSlack: z.number().int().min(0).max(1000).default(4),
+    // SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
+    // alone when the prompt's uncached tokens there are few (both thresholds) and D is not busy
+    disaggregation: z.enum(["always", "conditional"]).default("always"),
+    localPrefillTokens: z.number().int().min(0).max(10_000_000).default(2048),
+    localPrefillRatio: z.number().min(0).max(1).default(0.7),
     cacheAware: z
       .object({
         blockChars: positiveInt.min(64).max(65536).default(2048),
@@ -262,6 +270,12 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
 }
 
+/** Whether a node may prefill a request alone as a decode node (SPEC 8): its `localPrefill`, else true for vLLM decode-capable nodes. */
+export function localPrefillOf(node: Pick<NodeConfig, "role" | "localPrefill">, protocol: Protocol): boolean {
+  if (node.role === "prefill") return false;
+  return node.localPrefill ?? (protocol === "vllm" || protocol === "vllm-mooncake");
+}
+
 /**
  * What each field's own bounds cannot see: a document that parses but could not work (a breaker
  * that never backs off, a probe that outlives its interval, a P/D protocol without a P or a D).
@@ -277,6 +291,13 @@ function usabilityProblems(config: ClusterConfig): Problem[] {
   }
   if (h.ejectMaxMs < h.ejectBaseMs) {
     problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs}), or the ejection backoff never grows` });
+  }
+  if (config.protocol === "sglang") {
+    // an SGLang decode-mode server only decodes what a prefill server sent it (SPEC 8)
+    config.nodes.forEach((n, i) => {
+      if (n.localPrefill === true)
+        problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang": an SGLang decode node cannot prefill a request alone' });
+    });
   }
   if (DISAGGREGATED_PROTOCOLS.includes(config.protocol)) {
     for (const role of ["prefill", "decode"] as const) {

@@ -26,6 +26,8 @@ export interface ClusterView {
     /** how the node is reached and its token's secret name, for the probes (src/forward/node-fetch.ts); absent in views stored before them */
     reach?: NodeReach | undefined;
     apiKeySecret?: string | undefined;
+    /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
+    localPrefill?: boolean | undefined;
   }>;
 }
 
