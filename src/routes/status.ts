@@ -1,4 +1,4 @@
-import { Hono } from "hono";
+import { Hono } from "hono/tiny";
 import { adminAuth, statusIsPublic } from "../auth/admin-auth";
 import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
 import { secretEquals } from "../auth/digest";
