@@ -23,7 +23,7 @@ statusRoutes.get("/status", async (c) => {
     const given = c.req.header("authorization");
     if (given !== undefined && !(await secretEquals(bearerToken(given) ?? "", token))) throw unauthorized("The ADMIN_TOKEN given is not valid.");
   }
-  const { html, headers } = await statusPage({ isPublic });
+  const { html, headers } = await statusPage({ isPublic, assets: c.env.ASSETS });
   return c.html(html, 200, headers);
 });
 
