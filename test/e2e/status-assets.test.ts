@@ -10,6 +10,7 @@ import { startRouter } from "../../scripts/router-process.mjs";
 // cold start does not load it. What an operator deploys is wrangler.toml as it is: this runs
 // the Worker under `wrangler dev`, which serves assets as Cloudflare does, and checks that the
 // Worker still runs first for every path: the page's own file is never served as it lies.
+// (In the e2e suite, not npm test: starting wrangler dev takes seconds.)
 
 const ROOT = path.resolve(import.meta.dirname, "../..");
 const ADMIN_TOKEN = "assets-admin-token";
