@@ -1,4 +1,4 @@
-import { Hono } from "hono";
+import { Hono } from "hono/tiny";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
@@ -57,6 +57,13 @@ for (const path of CLIENT_ROUTES) {
     })(c, next);
   });
 }
+
+// Hono's tiny preset (its small router keeps the Worker small) would also match "/x/" for "/x":
+// keep every route exact, as the default router did.
+app.use(async function exactPath(c, next) {
+  if (c.req.path.length > 1 && c.req.path.endsWith("/")) return c.notFound();
+  await next();
+});
 
 app.get("/healthz", (c) => c.json({ status: "ok" }));
 

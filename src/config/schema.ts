@@ -1,38 +1,57 @@
-import { z } from "zod";
+import * as v from "valibot";
 import { DEFAULT_MAX_BLOCKS_PER_REQUEST } from "../routing/prefix-index";
+import { check, oneOf, renderPath, strictObject } from "./validation";
 
 // The cluster document (SPEC section 2). Parsed once at the edge; the rest of the
 // code receives a typed, defaults-filled ClusterConfig.
 
-const positiveInt = z.number().int().positive();
+interface Bounds {
+  min?: number;
+  minMessage?: string;
+  max: number;
+  maxMessage?: string;
+}
+/** An integer within bounds. */
+const int = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) => v.pipe(v.number(), v.integer(), v.minValue(min, minMessage), v.maxValue(max, maxMessage));
+/** An integer above 0 within bounds (checked in this order, so its problems are listed in it). */
+const positiveInt = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) =>
+  v.pipe(v.number(), v.integer(), v.gtValue(0), v.minValue(min, minMessage), v.maxValue(max, maxMessage));
+/** A number within [min, max]. */
+const between = (min: number, max: number) => v.pipe(v.number(), v.minValue(min), v.maxValue(max));
 /** A leg timeout: at least 50 ms (anything shorter fails every request), at most `max`. */
-const timeoutMs = (max: number, what: string) => positiveInt.min(50, "must be at least 50 (ms)").max(max, `must be at most ${max} (${what})`);
+const timeoutMs = (max: number, what: string) => positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max, maxMessage: `must be at most ${max} (${what})` });
 /** Probe, failure and recovery counts: a hundred is already more than anyone means. */
-const count = positiveInt.max(100, "must be at most 100");
+const count = positiveInt({ max: 100, maxMessage: "must be at most 100" });
 
-const nodeUrl = z.string().superRefine((value, ctx) => {
-  let url: URL;
-  try {
-    url = new URL(value);
-  } catch {
-    ctx.addIssue({ code: z.ZodIssueCode.custom, message: "must be an absolute http or https URL" });
-    return;
-  }
-  const problems: string[] = [];
-  if (url.protocol !== "http:" && url.protocol !== "https:") problems.push("scheme must be http or https");
-  if (url.username || url.password) problems.push("must not carry credentials");
-  if (url.pathname !== "/" || url.search || url.hash || /[?#]/.test(value)) problems.push("must be an origin without path, query or fragment");
-  if (problems.length) ctx.addIssue({ code: z.ZodIssueCode.custom, message: problems.join("; ") });
-});
+const nodeUrl = v.pipe(
+  v.string(),
+  v.rawCheck(({ dataset, addIssue }) => {
+    if (!dataset.typed) return;
+    const value = dataset.value;
+    let url: URL;
+    try {
+      url = new URL(value);
+    } catch {
+      addIssue({ message: "must be an absolute http or https URL" });
+      return;
+    }
+    const problems: string[] = [];
+    if (url.protocol !== "http:" && url.protocol !== "https:") problems.push("scheme must be http or https");
+    if (url.username || url.password) problems.push("must not carry credentials");
+    if (url.pathname !== "/" || url.search || url.hash || /[?#]/.test(value)) problems.push("must be an origin without path, query or fragment");
+    if (problems.length) addIssue({ message: problems.join("; ") });
+  }),
+);
 
 /** A NODE_* secret name: a document can only name the secrets kept for nodes, never the router's own. */
 const nodeSecretName = (what: string) =>
-  z
-    .string()
-    .regex(
+  v.pipe(
+    v.string(),
+    v.regex(
       /^NODE_[A-Za-z0-9_]{1,123}$/,
       `must be the name of a Worker secret starting NODE_ (the secret holds ${what}; node secrets live in that namespace, so a document can never point at the router's own secrets)`,
-    );
+    ),
+  );
 
 /**
  * How the router reaches a node (src/forward/node-fetch.ts). `binding`: a Workers VPC binding
@@ -41,157 +60,147 @@ const nodeSecretName = (what: string) =>
  * Durable Object. `access`: a Cloudflare Access service token, sent as CF-Access-Client-Id /
  * CF-Access-Client-Secret, read from the NODE_* secrets named here. Empty: plain `fetch`.
  */
-export const ReachSchema = z
-  .object({
-    binding: z
-      .string()
-      .regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")
-      .optional(),
-    access: z
-      .object({
-        clientId: nodeSecretName("the service token's client ID"),
-        clientSecret: nodeSecretName("the service token's client secret"),
-      })
-      .strict()
-      .optional(),
-  })
-  .strict();
+export const ReachSchema = strictObject({
+  binding: v.optional(
+    v.pipe(v.string(), v.regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")),
+  ),
+  access: v.optional(
+    strictObject({
+      clientId: nodeSecretName("the service token's client ID"),
+      clientSecret: nodeSecretName("the service token's client secret"),
+    }),
+  ),
+});
+
+const HOST_MESSAGE = "must be a host name or an IP address, without scheme or port";
+/** The host as a URL parses it, or null: IPv6 literals (given with or without brackets) keep their brackets. */
+function urlHost(value: string): string | null {
+  const host = value.includes(":") && !value.startsWith("[") ? `[${value}]` : value;
+  let parsed: URL;
+  try {
+    parsed = new URL(`http://${host}/`);
+  } catch {
+    return null;
+  }
+  return parsed.hostname !== host.toLowerCase() || parsed.port !== "" || /[/?#@]/.test(value) ? null : parsed.hostname;
+}
 
 /**
  * A host as it goes into a URL: a DNS name, an IPv4 literal, or an IPv6 literal (given with or
  * without brackets, kept with them: SGLang and vLLM build `http://{host}:{port}` from it).
  */
-const bootstrapHost = z
-  .string()
-  .max(253)
-  .transform((value, ctx) => {
-    const host = value.includes(":") && !value.startsWith("[") ? `[${value}]` : value;
-    let parsed: URL | null = null;
-    try {
-      parsed = new URL(`http://${host}/`);
-    } catch {
-      // reported below
-    }
-    if (!parsed || parsed.hostname !== host.toLowerCase() || parsed.port !== "" || /[/?#@]/.test(value)) {
-      ctx.addIssue({ code: z.ZodIssueCode.custom, message: "must be a host name or an IP address, without scheme or port" });
-      return z.NEVER;
-    }
-    return parsed.hostname;
-  });
+const bootstrapHost = v.pipe(
+  v.string(),
+  v.maxLength(253),
+  // checked even when too long, so both problems are reported together
+  v.rawCheck(({ dataset, addIssue }) => {
+    if (dataset.typed && urlHost(dataset.value) === null) addIssue({ message: HOST_MESSAGE });
+  }),
+  v.transform((value) => urlHost(value) as string),
+);
 
-export const NodeSchema = z
-  .object({
-    id: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}"),
-    url: nodeUrl,
-    role: z.enum(["prefill", "decode", "both"]),
-    group: z.string().min(1).max(128).optional(),
-    weight: z.number().positive().finite().default(1),
-    models: z.array(z.string().min(1)).optional(),
-    bootstrapPort: positiveInt.max(65535).default(8998),
-    // the address decode nodes use to reach this node's bootstrap server; default the URL's host
-    bootstrapHost: bootstrapHost.optional(),
-    // how the router reaches this node; replaces the document's `reach` (an empty object: directly)
-    reach: ReachSchema.optional(),
-    drain: z.boolean().default(false),
-    // SPEC 8: the node can prefill a request itself as a decode node (conditional disaggregation);
-    // absent: true for vllm / vllm-mooncake decode-capable nodes, false under sglang (localPrefillOf)
-    localPrefill: z.boolean().optional(),
-    // Only NODE_* secrets: whoever edits the document must not be able to make the router send
-    // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
-    apiKeySecret: nodeSecretName("the node's bearer token").optional(),
-  })
-  .strict();
+export const NodeSchema = strictObject({
+  id: v.pipe(v.string(), v.regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}")),
+  url: nodeUrl,
+  role: oneOf(["prefill", "decode", "both"]),
+  group: v.optional(v.pipe(v.string(), v.minLength(1), v.maxLength(128))),
+  weight: v.optional(v.pipe(v.number(), v.gtValue(0), v.finite()), 1),
+  models: v.optional(v.array(v.pipe(v.string(), v.minLength(1)))),
+  bootstrapPort: v.optional(positiveInt({ max: 65535 }), 8998),
+  // the address decode nodes use to reach this node's bootstrap server; default the URL's host
+  bootstrapHost: v.optional(bootstrapHost),
+  // how the router reaches this node; replaces the document's `reach` (an empty object: directly)
+  reach: v.optional(ReachSchema),
+  drain: v.optional(v.boolean(), false),
+  // SPEC 8: the node can prefill a request itself as a decode node (conditional disaggregation);
+  // absent: true for vllm / vllm-mooncake decode-capable nodes, false under sglang (localPrefillOf)
+  localPrefill: v.optional(v.boolean()),
+  // Only NODE_* secrets: whoever edits the document must not be able to make the router send
+  // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
+  apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
+});
 
-const PolicySchema = z
-  .object({
-    prefill: z.enum(["round_robin", "affinity", "cache_aware", "least_load"]).optional(),
-    decode: z.enum(["round_robin", "affinity", "cache_aware", "least_load"]).optional(),
-    pdGroup: z.enum(["off", "prefer", "strict"]).default("off"),
-    pdGroupBonus: z.number().min(0).max(10).default(0.3),
-    loadFactor: z.number().min(1).max(100).default(1.25),
-    loadSlack: z.number().int().min(0).max(1000).default(4),
-    // SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
-    // alone when the prompt's uncached tokens there are few (both thresholds) and D is not busy
-    disaggregation: z.enum(["always", "conditional"]).default("always"),
-    localPrefillTokens: z.number().int().min(0).max(10_000_000).default(2048),
-    localPrefillRatio: z.number().min(0).max(1).default(0.7),
-    cacheAware: z
-      .object({
-        blockChars: positiveInt.min(64).max(65536).default(2048),
-        loadFactor: z.number().min(1).max(100).default(3),
-        shareFactor: z.number().min(1).max(100).default(1.1),
-        shareHalfLife: positiveInt.max(1_000_000).default(1000),
-        maxBlocksPerRequest: positiveInt.max(100_000).default(DEFAULT_MAX_BLOCKS_PER_REQUEST),
-      })
-      .strict()
-      .default({}),
-  })
-  .strict();
+const POLICY = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
 
-const TimeoutsSchema = z
-  .object({
-    prefillMs: timeoutMs(600_000, "10 minutes").default(120_000),
-    decodeFirstByteMs: timeoutMs(600_000, "10 minutes").default(120_000),
-    decodeIdleMs: timeoutMs(600_000, "10 minutes").default(120_000),
-    // a whole non-streamed generation: long outputs on a busy node take a while
-    nonStreamMs: timeoutMs(21_600_000, "6 hours").default(3_600_000),
-  })
-  .strict();
+const PolicySchema = strictObject({
+  prefill: v.optional(oneOf(POLICY)),
+  decode: v.optional(oneOf(POLICY)),
+  pdGroup: v.optional(oneOf(["off", "prefer", "strict"]), "off"),
+  pdGroupBonus: v.optional(between(0, 10), 0.3),
+  loadFactor: v.optional(between(1, 100), 1.25),
+  loadSlack: v.optional(int({ min: 0, max: 1000 }), 4),
+  // SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
+  // alone when the prompt's uncached tokens there are few (both thresholds) and D is not busy
+  disaggregation: v.optional(oneOf(["always", "conditional"]), "always"),
+  localPrefillTokens: v.optional(int({ min: 0, max: 10_000_000 }), 2048),
+  localPrefillRatio: v.optional(between(0, 1), 0.7),
+  cacheAware: v.optional(
+    strictObject({
+      blockChars: v.optional(positiveInt({ min: 64, max: 65536 }), 2048),
+      loadFactor: v.optional(between(1, 100), 3),
+      shareFactor: v.optional(between(1, 100), 1.1),
+      shareHalfLife: v.optional(positiveInt({ max: 1_000_000 }), 1000),
+      maxBlocksPerRequest: v.optional(positiveInt({ max: 100_000 }), DEFAULT_MAX_BLOCKS_PER_REQUEST),
+    }),
+    {},
+  ),
+});
+
+const TimeoutsSchema = strictObject({
+  prefillMs: v.optional(timeoutMs(600_000, "10 minutes"), 120_000),
+  decodeFirstByteMs: v.optional(timeoutMs(600_000, "10 minutes"), 120_000),
+  decodeIdleMs: v.optional(timeoutMs(600_000, "10 minutes"), 120_000),
+  // a whole non-streamed generation: long outputs on a busy node take a while
+  nonStreamMs: v.optional(timeoutMs(21_600_000, "6 hours"), 3_600_000),
+});
+
+const AT_LEAST_100_MS = "must be at least 100 (ms)";
+const AT_MOST_1_HOUR = "must be at most 3600000 (1 hour)";
+const AT_MOST_1_DAY = "must be at most 86400000 (1 day)";
 
 // probeTimeoutMs and probePath have protocol-dependent defaults: see probeSettings (src/state/health.ts).
-const HealthSchema = z
-  .object({
-    intervalMs: positiveInt.min(1_000, "must be at least 1000 (ms): shorter is a probe storm").max(3_600_000, "must be at most 3600000 (1 hour)").default(10_000),
-    probeTimeoutMs: positiveInt.min(50, "must be at least 50 (ms)").max(60_000, "must be at most 60000 (1 minute)").optional(),
-    probePath: z
-      .string()
-      .regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)")
-      .optional(),
-    downAfter: count.default(2),
-    upAfter: count.default(2),
-    ejectAfter: count.default(3),
-    ejectBaseMs: positiveInt.min(100, "must be at least 100 (ms)").max(3_600_000, "must be at most 3600000 (1 hour)").default(10_000),
-    ejectMaxMs: positiveInt.min(100, "must be at least 100 (ms)").max(86_400_000, "must be at most 86400000 (1 day)").default(300_000),
-  })
-  .strict();
+const HealthSchema = strictObject({
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): shorter is a probe storm", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
+  probeTimeoutMs: v.optional(positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max: 60_000, maxMessage: "must be at most 60000 (1 minute)" })),
+  probePath: v.optional(v.pipe(v.string(), v.regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)"))),
+  downAfter: v.optional(count, 2),
+  upAfter: v.optional(count, 2),
+  ejectAfter: v.optional(count, 3),
+  ejectBaseMs: v.optional(positiveInt({ min: 100, minMessage: AT_LEAST_100_MS, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
+  ejectMaxMs: v.optional(positiveInt({ min: 100, minMessage: AT_LEAST_100_MS, max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 300_000),
+});
 
 // ---- engine signals and admission (SPEC 8) ----
 // signals: how often the object polls each node's /metrics, when a reading is too old to use, and
 // the decode KV guard's thresholds. admission: how long and how many requests may wait at the
 // edge when every decode node that could serve them is busy.
-const SignalsSchema = z
-  .object({
-    intervalMs: positiveInt.min(1_000, "must be at least 1000 (ms): engines pay for every scrape").max(3_600_000, "must be at most 3600000 (1 hour)").default(5_000),
-    staleMs: positiveInt.min(1_000, "must be at least 1000 (ms)").max(86_400_000, "must be at most 86400000 (1 day)").default(15_000),
-    kvBusy: z.number().gt(0, "must be above 0").max(1, "must be at most 1").default(0.9),
-    queueBusy: positiveInt.max(100_000, "must be at most 100000").default(8),
-  })
-  .strict();
+const SignalsSchema = strictObject({
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): engines pay for every scrape", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
+  staleMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms)", max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
+  kvBusy: v.optional(v.pipe(v.number(), v.gtValue(0, "must be above 0"), v.maxValue(1, "must be at most 1")), 0.9),
+  queueBusy: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), 8),
+});
 
-const AdmissionSchema = z
-  .object({
-    queueMs: z.number().int().min(0, "must be 0 (no waiting) or more").max(600_000, "must be at most 600000 (10 minutes)").default(30_000),
-    maxQueued: z.number().int().min(0, "must be 0 (no queue) or more").max(100_000, "must be at most 100000").default(1000),
-  })
-  .strict();
+const AdmissionSchema = strictObject({
+  queueMs: v.optional(int({ min: 0, minMessage: "must be 0 (no waiting) or more", max: 600_000, maxMessage: "must be at most 600000 (10 minutes)" }), 30_000),
+  maxQueued: v.optional(int({ min: 0, minMessage: "must be 0 (no queue) or more", max: 100_000, maxMessage: "must be at most 100000" }), 1000),
+});
 
-export const ClusterDocumentSchema = z
-  .object({
-    protocol: z.enum(["vllm", "vllm-mooncake", "sglang", "colocated"]).optional(),
-    policy: PolicySchema.default({}),
-    timeouts: TimeoutsSchema.default({}),
-    health: HealthSchema.default({}),
-    // how every node is reached unless it names its own `reach`
-    reach: ReachSchema.optional(),
-    signals: SignalsSchema.default({}),
-    admission: AdmissionSchema.default({}),
-    nodes: z.array(NodeSchema).min(1, "must list at least one node"),
-  })
-  .strict();
+export const ClusterDocumentSchema = strictObject({
+  protocol: v.optional(oneOf(["vllm", "vllm-mooncake", "sglang", "colocated"])),
+  policy: v.optional(PolicySchema, {}),
+  timeouts: v.optional(TimeoutsSchema, {}),
+  health: v.optional(HealthSchema, {}),
+  // how every node is reached unless it names its own `reach`
+  reach: v.optional(ReachSchema),
+  signals: v.optional(SignalsSchema, {}),
+  admission: v.optional(AdmissionSchema, {}),
+  nodes: v.pipe(v.array(NodeSchema), v.minLength(1, "must list at least one node")),
+});
 
 /**
  * Duplicate node ids, checked on the raw value so they are reported together with every other
- * problem (a zod refinement would only run once the rest of the document is valid).
+ * problem (a check on the parsed document would only run once the rest of it is valid).
  */
 function duplicateIds(value: unknown): Problem[] {
   const nodes = (value as { nodes?: unknown } | null)?.nodes;
@@ -207,10 +216,10 @@ function duplicateIds(value: unknown): Problem[] {
   return problems;
 }
 
-type ParsedDocument = z.output<typeof ClusterDocumentSchema>;
-export type NodeReach = z.output<typeof ReachSchema>;
+type ParsedDocument = v.InferOutput<typeof ClusterDocumentSchema>;
+export type NodeReach = v.InferOutput<typeof ReachSchema>;
 /** A node with its defaults filled: its bootstrap host and how it is reached are always known. */
-export type NodeConfig = z.output<typeof NodeSchema> & { bootstrapHost: string; reach: NodeReach };
+export type NodeConfig = v.InferOutput<typeof NodeSchema> & { bootstrapHost: string; reach: NodeReach };
 export type Protocol = "vllm" | "vllm-mooncake" | "sglang" | "colocated";
 export type ClusterConfig = Omit<ParsedDocument, "protocol" | "policy" | "nodes" | "reach"> & {
   protocol: Protocol;
@@ -231,10 +240,6 @@ export interface ConfigDefaults {
 
 export type ParseResult = { ok: true; config: ClusterConfig } | { ok: false; problems: Problem[] };
 
-function renderPath(path: (string | number)[]): string {
-  return path.reduce<string>((out, part) => (typeof part === "number" ? `${out}[${part}]` : out ? `${out}.${part}` : part), "") || "(document)";
-}
-
 const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
 /** Protocols that send a request to a prefill node and then (or also) to a decode node. */
 export const DISAGGREGATED_PROTOCOLS: readonly Protocol[] = ["vllm", "vllm-mooncake", "sglang"];
@@ -250,13 +255,13 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
       return { ok: false, problems: [{ path: "(document)", message: `not valid JSON: ${(err as Error).message}` }] };
     }
   }
-  const parsed = ClusterDocumentSchema.safeParse(value);
+  const parsed = check(ClusterDocumentSchema, value);
   const duplicates = duplicateIds(value);
-  if (!parsed.success || duplicates.length > 0) {
-    const issues = parsed.success ? [] : parsed.error.issues.map((issue) => ({ path: renderPath(issue.path), message: issue.message }));
+  if (!parsed.ok || duplicates.length > 0) {
+    const issues = parsed.ok ? [] : parsed.issues.map((issue) => ({ path: renderPath(issue.path) || "(document)", message: issue.message }));
     return { ok: false, problems: [...issues, ...duplicates] };
   }
-  const doc = parsed.data;
+  const doc = parsed.value;
   const defaultProtocol = PROTOCOLS.find((p) => p === defaults.protocol) ?? "vllm";
   const defaultPolicy = POLICIES.find((p) => p === defaults.policy) ?? "affinity";
   const { reach, ...rest } = doc;

@@ -1,4 +1,5 @@
-import { Hono, type Context } from "hono";
+import type { Context } from "hono";
+import { Hono } from "hono/tiny";
 import { bodyLimit } from "hono/body-limit";
 import { adminAuth } from "../auth/admin-auth";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";

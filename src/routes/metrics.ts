@@ -1,4 +1,4 @@
-import { Hono } from "hono";
+import { Hono } from "hono/tiny";
 import { requireBearer, secret } from "../auth/bearer";
 import { clusterMetrics, readClusterStatus } from "../observability/metrics";
 import { PROMETHEUS_CONTENT_TYPE, renderMetrics } from "../observability/prometheus";

@@ -1,4 +1,4 @@
-import { Hono } from "hono";
+import { Hono } from "hono/tiny";
 import { adminAuth, statusIsPublic } from "../auth/admin-auth";
 import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
 import { secretEquals } from "../auth/digest";
@@ -23,7 +23,7 @@ statusRoutes.get("/status", async (c) => {
     const given = c.req.header("authorization");
     if (given !== undefined && !(await secretEquals(bearerToken(given) ?? "", token))) throw unauthorized("The ADMIN_TOKEN given is not valid.");
   }
-  const { html, headers } = await statusPage({ isPublic });
+  const { html, headers } = await statusPage({ isPublic, assets: c.env.ASSETS });
   return c.html(html, 200, headers);
 });
 

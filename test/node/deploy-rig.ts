@@ -97,6 +97,16 @@ export interface DeployRigOptions {
   bindings?: Record<string, Record<string, string>>;
 }
 
+/** The assets/ directory as the ASSETS binding serves it (only the status page lives there). */
+function staticAssets(req: http.IncomingMessage, res: http.ServerResponse): void {
+  const file = path.join(ROOT, "assets", path.normalize(new URL(req.url ?? "/", "http://assets").pathname));
+  try {
+    res.writeHead(200, { "content-type": "text/html; charset=utf-8" }).end(readFileSync(file));
+  } catch {
+    res.writeHead(404).end();
+  }
+}
+
 export async function startDeployRig(o: DeployRigOptions = {}): Promise<DeployRig> {
   const dir = await workerBundle();
   const toml = readFileSync(path.join(ROOT, "wrangler.toml"), "utf8");
@@ -125,7 +135,11 @@ export async function startDeployRig(o: DeployRigOptions = {}): Promise<DeployRi
     kvPersist: path.join(persist, "kv"),
     durableObjectsPersist: path.join(persist, "do"),
     bindings: { CONFIG_TTL_MS: "0", ADMIN_TOKEN, ...o.vars },
-    serviceBindings: Object.fromEntries(Object.entries(bindings).map(([name, b]) => [name, { node: standIn(b) }])),
+    serviceBindings: {
+      ...Object.fromEntries(Object.entries(bindings).map(([name, b]) => [name, { node: standIn(b) }])),
+      // wrangler.toml's [assets]: the status page, read by the Worker through its ASSETS binding
+      ASSETS: { node: staticAssets },
+    },
     handleRuntimeStdio(stdout, stderr) {
       collect(stdout);
       collect(stderr);

@@ -1,0 +1,103 @@
+import * as v from "valibot";
+
+// What the cluster document and request schemas share: JSON objects (arrays are not objects
+// here), enums, and every problem worded as the router has always worded it. The schemas moved
+// from zod 3 to valibot for the Worker's size (README, "Bundle size"); the texts, paths and their
+// order stayed zod 3's, which operators, scripts and tests already know.
+
+export type Issue = v.BaseIssue<unknown>;
+type Entries = v.ObjectEntries;
+
+/** zod 3's name for a value's type, as its messages say it ("received array"). */
+function typeName(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  if (typeof value === "number" && Number.isNaN(value)) return "nan";
+  return typeof value;
+}
+
+const isJsonObject = (value: unknown): value is Record<string, unknown> => typeof value === "object" && value !== null && !Array.isArray(value);
+const expectedObject = (issue: Issue) => (issue.input === undefined ? "Required" : `Expected object, received ${typeName(issue.input)}`);
+/** A JSON object and nothing else: valibot's own objects accept arrays. */
+const jsonObject = v.custom<Record<string, unknown>>(isJsonObject, expectedObject);
+
+/** Only the keys listed; the others are one problem at the object, naming them all. */
+export function strictObject<const E extends Entries>(entries: E) {
+  const message = (issue: Issue) => {
+    if (issue.expected !== "never") return "Required";
+    const object = issue.path?.at(-1)?.input as Record<string, unknown>;
+    const unknown = Object.keys(object).filter((key) => !Object.hasOwn(entries, key));
+    return `Unrecognized key(s) in object: ${unknown.map((key) => `'${key}'`).join(", ")}`;
+  };
+  return v.pipe(jsonObject, v.strictObject(entries, message));
+}
+
+/** The keys listed are checked; the others pass through untouched. */
+export function looseObject<const E extends Entries>(entries: E) {
+  return v.pipe(jsonObject, v.looseObject(entries, "Required"));
+}
+
+/** One of a few strings. */
+export function oneOf<const T extends readonly [string, ...string[]]>(options: T) {
+  const listed = options.map((option) => `'${option}'`).join(" | ");
+  return v.picklist(options, (issue) =>
+    issue.input === undefined
+      ? "Required"
+      : typeof issue.input === "string"
+        ? `Invalid enum value. Expected ${listed}, received '${issue.input}'`
+        : `Expected ${listed}, received ${typeName(issue.input)}`,
+  );
+}
+
+/** The wording of every problem whose schema or check names no message of its own. */
+function defaultMessage(issue: Issue): string {
+  const at = issue.requirement as number;
+  const what = typeName(issue.input);
+  switch (issue.type) {
+    case "integer":
+      return "Expected integer, received float";
+    case "finite":
+      return "Number must be finite";
+    case "gt_value":
+      return `Number must be greater than ${at}`;
+    case "min_value":
+      return `Number must be greater than or equal to ${at}`;
+    case "max_value":
+      return `Number must be less than or equal to ${at}`;
+    case "min_length":
+      return what === "array" ? `Array must contain at least ${at} element(s)` : `String must contain at least ${at} character(s)`;
+    case "max_length":
+      return what === "array" ? `Array must contain at most ${at} element(s)` : `String must contain at most ${at} character(s)`;
+    case "union":
+      return "Invalid input";
+  }
+  if (issue.input === undefined) return "Required";
+  return `Expected ${issue.type}, received ${what}`;
+}
+
+export interface FoundIssue {
+  path: (string | number)[];
+  message: string;
+  /** the value was absent (a required field is missing) */
+  missing: boolean;
+}
+
+/** Validates; on failure, each problem's path (from the document's root) and message. */
+export function check<S extends v.GenericSchema>(schema: S, value: unknown): { ok: true; value: v.InferOutput<S> } | { ok: false; issues: FoundIssue[] } {
+  const result = v.safeParse(schema, value, { message: defaultMessage });
+  if (result.success) return { ok: true, value: result.output };
+  return {
+    ok: false,
+    issues: result.issues.map((issue) => {
+      const path = (issue.path ?? []).map((item) => item.key as string | number);
+      // an unknown key is a problem of the object that holds it
+      if (issue.type === "strict_object" && issue.expected === "never") path.pop();
+      return { path, message: issue.message, missing: issue.kind === "schema" && issue.input === undefined };
+    }),
+  };
+}
+
+/** `nodes[1].url`; the empty path is "". */
+export function renderPath(path: (string | number)[]): string {
+  return path.reduce<string>((out, part) => (typeof part === "number" ? `${out}[${part}]` : out ? `${out}.${part}` : part), "");
+}
