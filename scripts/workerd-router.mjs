@@ -48,6 +48,19 @@ await build({
   logLevel: 'warning',
 });
 
+/** A file of <root>/assets as the ASSETS binding serves it: 404 outside it or when missing. */
+function staticAsset(/** @type {string} */ dir, /** @type {Request} */ request) {
+  const base = path.join(dir, 'assets');
+  const file = path.join(base, path.normalize(decodeURIComponent(new URL(request.url).pathname)));
+  if (!file.startsWith(base + path.sep)) return new Response('not found', { status: 404 });
+  try {
+    const type = file.endsWith('.html') ? 'text/html; charset=utf-8' : 'application/octet-stream';
+    return new Response(readFileSync(file), { headers: { 'content-type': type } });
+  } catch {
+    return new Response('not found', { status: 404 });
+  }
+}
+
 const bindings = Object.fromEntries(varArgs.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 const mf = new Miniflare({
   modules: true,
@@ -63,6 +76,8 @@ const mf = new Miniflare({
     : {
         kvNamespaces: ['NODES'],
         durableObjects: { CLUSTER_STATE: { className: 'ClusterState', useSQLite: true } },
+        // wrangler.toml's [assets] (the status page): files of assets/, read by the Worker through ASSETS
+        serviceBindings: { ASSETS: (/** @type {Request} */ request) => staticAsset(root, request) },
         kvPersist: path.join(persistDir, 'kv'),
         durableObjectsPersist: path.join(persistDir, 'do'),
       }),
