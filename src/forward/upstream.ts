@@ -21,7 +21,7 @@ export type FailureKind = "connect" | "timeout" | "status" | "aborted" | "protoc
  * parameters, prompt too long, a model name no node knows): the client's fault, passed on.
  * Every other non-200 status (401/403 from a wrong node token, 3xx, 408, 429,
  * 5xx, 204 to a stream) is the node's fault: it counts against the node and the client gets
- * the router's own message.
+ * the router's own message — except a busy node's (BUSY_STATUSES) and an engine's own 501.
  */
 const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
 
@@ -34,6 +34,29 @@ const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
  * the probes and by every other failure.
  */
 const BUSY_STATUSES = new Set([429, 503]);
+
+/**
+ * 501 Not Implemented, when the engine itself answers it (a JSON error), says the engine does not
+ * support what this request asks: vLLM maps a NotImplementedError raised while serving a request
+ * to 501 "NotImplementedError" (vllm entrypoints/openai/engine/serving.py `create_error_response`:
+ * e.g. beam search over an embeddings prompt, an encoder-decoder prompt), and SGLang answers 501
+ * when a handler does not support the streaming or non-streaming form asked for
+ * (sgl-project/sglang entrypoints/openai/serving_base.py `_handle_streaming_request`: "... does
+ * not support streaming requests"). The client's request, not a broken node: passed on, never
+ * counted. A 501 from something in front of the engine (a proxy that does not implement our
+ * method or encoding: not JSON) would fail every request and stays the node's fault.
+ */
+const UNSUPPORTED_BY_ENGINE = 501;
+
+/** Who is at fault for a node's non-200 status: the client's request, a node that is full, or the node. */
+export function statusOutcome(status: number, answeredBy: "engine" | "front" | null): "client_error" | "busy" | "failure" {
+  if (CLIENT_FAULT_STATUSES.has(status) || (status === UNSUPPORTED_BY_ENGINE && answeredBy === "engine")) return "client_error";
+  if (BUSY_STATUSES.has(status)) return "busy";
+  return "failure";
+}
+
+/** Who answered a status: the engine's serving layer (its errors are JSON) or something in front of it. */
+export const answeredByOf = (headers: Headers): "engine" | "front" => ((headers.get("content-type") ?? "").includes("json") ? "engine" : "front");
 
 /** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
 export const BUSY_RETRY_DEFAULT_MS = 1_000;
@@ -74,8 +97,7 @@ export class UpstreamFailure extends Error {
   /** A refused request is the client's fault and does not count against the node; an abort tells nothing; a full node is busy. */
   get outcome(): LegOutcome {
     if (this.kind === "aborted") return "aborted";
-    if (this.kind === "status" && this.status !== null && CLIENT_FAULT_STATUSES.has(this.status)) return "client_error";
-    if (this.kind === "status" && this.status !== null && BUSY_STATUSES.has(this.status)) return "busy";
+    if (this.kind === "status" && this.status !== null) return statusOutcome(this.status, this.answeredBy);
     return "failure";
   }
 
@@ -171,7 +193,7 @@ export class Leg {
     leg.ms = Date.now() - leg.started;
     if (response.status !== 200) {
       const status = response.status;
-      const text = CLIENT_FAULT_STATUSES.has(status) ? await leg.text().catch(() => "") : "";
+      const text = statusOutcome(status, answeredByOf(response.headers)) === "client_error" ? await leg.text().catch(() => "") : "";
       leg.abort("rejected");
       throw leg.statusFailure(status, text, response.headers);
     }
@@ -217,13 +239,14 @@ export class Leg {
     const { leg, node } = this.call;
     // An engine's own refusal is JSON (vLLM's ErrorResponse, SGLang's ORJSONResponse); a proxy,
     // a tunnel, an Access login or a redirect in front of it answers something else.
-    const answeredBy = (headers.get("content-type") ?? "").includes("json") ? "engine" : "front";
-    const busy = BUSY_STATUSES.has(status);
+    const answeredBy = answeredByOf(headers);
+    const outcome = statusOutcome(status, answeredBy);
+    const busy = outcome === "busy";
     const wait = busy ? (retryAfterMs(headers.get("retry-after")) ?? BUSY_RETRY_DEFAULT_MS) : null;
     // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
     const why = status === 508 ? ": its URL leads back to the router (a routing loop)" : busy ? ": it is busy" : "";
     const message = `${leg} node ${node.id} answered HTTP ${status}${why}`;
-    const clientMessage = CLIENT_FAULT_STATUSES.has(status) ? clientMessageOf(text, node.access.token) : null;
+    const clientMessage = outcome === "client_error" ? clientMessageOf(text, node.access.token) : null;
     return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait);
   }
 
