@@ -1,6 +1,7 @@
 import type { Role } from "../routing/types";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
+import type { EngineError } from "./error-event-gate";
 import type { NodeAccess } from "./node-fetch";
 
 /** A node as the forwarding code needs it. */
@@ -93,6 +94,9 @@ export class UpstreamFailure extends Error {
     super(message);
     this.name = "UpstreamFailure";
   }
+
+  /** the node reported this inside its stream, as its first event (its status line was 200) */
+  errorEvent: EngineError | null = null;
 
   /** A refused request is the client's fault and does not count against the node; an abort tells nothing; a full node is busy. */
   get outcome(): LegOutcome {
@@ -231,6 +235,23 @@ export class Leg {
     return new UpstreamFailure(leg, node.id, kind, `${leg} node ${node.id} ${what}: ${(err as Error)?.message ?? String(err)}`);
   }
 
+  /**
+   * The node answered 200 and then an error event as its stream's first event (error-event-gate.ts):
+   * nothing reached the client, so it is handled as the status the engine gave the error — a
+   * refusal passed on, a busy node, or a node failure to fail over from. No status: SGLang's
+   * /generate, which writes none only for a ValueError (the request's validation): a 400.
+   */
+  errorEventFailure(err: EngineError): UpstreamFailure {
+    const { leg, node } = this.call;
+    const status = err.status ?? 400;
+    const outcome = statusOutcome(status, "engine");
+    const message = `${leg} node ${node.id} answered its stream with an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.token)}`;
+    const clientMessage = outcome === "client_error" ? redact(err.message, node.access.token) : null;
+    const failure = new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, "engine", outcome === "busy" ? BUSY_RETRY_DEFAULT_MS : null, true);
+    failure.errorEvent = err;
+    return failure;
+  }
+
   protocolFailure(what: string): UpstreamFailure {
     return new UpstreamFailure(this.call.leg, this.node, "protocol", `${this.call.leg} node ${this.node} ${what}`);
   }
@@ -272,8 +293,13 @@ export function clientMessageOf(text: string, token: string | null): string | nu
     return null;
   }
   if (typeof message !== "string" || !message) return null;
-  const clean = token ? message.split(token).join("[redacted]") : message;
+  const clean = redact(message, token);
   return clean.length > 1000 ? `${clean.slice(0, 1000)}...` : clean;
+}
+
+/** A node's message with its own token removed, should it echo it. */
+export function redact(message: string, token: string | null): string {
+  return token ? message.split(token).join("[redacted]") : message;
 }
 
 /** Parses a leg's JSON body text as an object, or fails as a protocol error. */

@@ -329,12 +329,20 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
       case "ok":
         return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
       case "failure":
-        // D's failure counts against D; P's (after D's first byte) against P; a batch's against nobody
+        // D's failure counts against D; P's (after D's first byte) against P; a request D found
+        // invalid inside its stream, a busy D and a batch's failure against nobody
         return life.end({
-          status: 502,
+          status: end.status ?? 502,
           outcome: "error",
           error: end.error,
-          legs: end.blame === "decode" ? { decode: decodeLeg("failure") } : { decode: decodeLeg("aborted"), ...(end.prefill ? { prefill: end.prefill } : {}) },
+          legs:
+            end.blame === "decode"
+              ? { decode: decodeLeg("failure") }
+              : end.blame === "client"
+                ? { decode: decodeLeg("client_error") }
+                : end.blame === "busy"
+                  ? { decode: decodeLeg("busy") }
+                  : { decode: decodeLeg("aborted"), ...(end.prefill ? { prefill: end.prefill } : {}) },
         });
       case "aborted":
       case "stalled":

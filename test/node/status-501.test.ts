@@ -38,7 +38,15 @@ const prefillAnswer = (res: http.ServerResponse) =>
     object: "chat.completion",
     choices: [{ index: 0, message: { role: "assistant", content: "x" }, finish_reason: "length" }],
     usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 },
-    kv_transfer_params: { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: "p0", remote_block_ids: [0], remote_host: "127.0.0.1", remote_port: 1, remote_request_id: "r" },
+    kv_transfer_params: {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: "p0",
+      remote_block_ids: [0],
+      remote_host: "127.0.0.1",
+      remote_port: 1,
+      remote_request_id: "r",
+    },
   });
 
 beforeAll(async () => {
