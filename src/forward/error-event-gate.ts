@@ -298,6 +298,8 @@ function indexOrEnd(bytes: Uint8Array, b: number, from: number): number {
   return at < 0 ? bytes.length : at;
 }
 
+const headDecoder = new TextDecoder();
+
 function ascii(bytes: number[]): string {
-  return new TextDecoder().decode(new Uint8Array(bytes));
+  return headDecoder.decode(new Uint8Array(bytes));
 }
