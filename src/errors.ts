@@ -31,7 +31,7 @@ export function errorEnvelope(err: RouterError): ErrorEnvelope {
 }
 
 /** An SSE event that ends a stream which failed after it had begun (never a clean [DONE]). */
-export function sseErrorEvent(message: string, code = "upstream_stream_error"): string {
-  const body: ErrorEnvelope = { error: { message, type: "upstream_error", param: null, code } };
+export function sseErrorEvent(message: string, code = "upstream_stream_error", type: ErrorType = "upstream_error"): string {
+  const body: ErrorEnvelope = { error: { message, type, param: null, code } };
   return `event: error\ndata: ${JSON.stringify(body)}\n\n`;
 }

@@ -1,17 +1,21 @@
 import { sseErrorEvent } from "../errors";
 import type { LegReport } from "../state/types";
+import { concat } from "./client-stream";
+import { ErrorEventGate, type EngineError, type GateRead } from "./error-event-gate";
 import { CompletenessJudge, type Completeness } from "./sse-scan";
 import type { ChunkRewriter } from "./stream";
-import type { Leg, UpstreamFailure } from "./upstream";
+import { redact, statusOutcome, type Leg, type UpstreamFailure } from "./upstream";
 
 /**
  * How a relayed stream ended. `failure` names whose failure it was: D's own (counted against D),
- * P's when P failed after D's first byte (counted against P; D's leg was only aborted), or
- * nobody's (another prompt of a batch failed).
+ * P's when P failed after D's first byte (counted against P; D's leg was only aborted), the
+ * client's (D reported the request invalid or unsupported inside its stream: counted against
+ * nobody), a busy D's (not counted), or nobody's (another prompt of a batch failed). `status`:
+ * what the log line says the client got, when not 502.
  */
 export type StreamEnd =
   | { outcome: "ok" }
-  | { outcome: "failure"; error: string; timeout: boolean; blame: "decode" | "prefill" | "none"; prefill?: LegReport }
+  | { outcome: "failure"; error: string; timeout: boolean; blame: "decode" | "prefill" | "client" | "busy" | "none"; prefill?: LegReport; status?: number }
   | { outcome: "aborted"; error: string }
   | { outcome: "stalled"; error: string };
 
@@ -52,6 +56,10 @@ const encoder = new TextEncoder();
 export class DecodeSource {
   private first: Uint8Array | null;
   private readonly judge: CompletenessJudge;
+  /** finds an error event D writes inside its stream, and keeps it (and what follows) from the client */
+  private readonly gate = new ErrorEventGate();
+  /** the error D reported inside its stream, once its event was read */
+  private engineError: EngineError | null = null;
   /** when D last gave a chunk (or the relay began) */
   private lastChunkAt = Date.now();
   /** a read from D is pending */
@@ -74,7 +82,7 @@ export class DecodeSource {
     if (this.first) {
       const first = this.first;
       this.first = null;
-      return { done: false, bytes: this.pass(first) };
+      return this.passed(this.pass(this.gate.feed(first)));
     }
     if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
     let chunk: ReadableStreamReadResult<Uint8Array>;
@@ -88,14 +96,16 @@ export class DecodeSource {
     }
     this.lastChunkAt = Date.now();
     if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    if (!chunk.done) return { done: false, bytes: this.pass(chunk.value) };
+    if (!chunk.done) return this.passed(this.pass(this.gate.feed(chunk.value)));
+    const last = this.pass(this.gate.end());
     const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
-    if (this.judge.end()) return { done: true, end: { outcome: "ok" }, bytes: held, error: EMPTY };
+    if (this.engineError) return this.engineFailed(this.engineError, concat(last, held));
+    if (this.judge.end()) return { done: true, end: { outcome: "ok" }, bytes: concat(last, held), error: EMPTY };
     const markers = this.o.completeness.kind === "done" ? "data: [DONE]" : this.o.completeness.types.join(" or ");
     return {
       done: true,
       end: { outcome: "failure", blame: "decode", timeout: false, error: `decode node ${this.node} ended its stream without ${markers}` },
-      bytes: held,
+      bytes: concat(last, held),
       error: encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")),
     };
   }
@@ -129,9 +139,60 @@ export class DecodeSource {
     return this.ended;
   }
 
-  private pass(bytes: Uint8Array): Uint8Array {
-    this.judge.feed(bytes);
-    return this.o.rewriter ? this.o.rewriter.chunk(bytes) : bytes;
+  /** What the gate let through goes on (judged, rewritten); an error event it found is kept for `passed`. */
+  private pass(read: GateRead): Uint8Array {
+    if (read.error) this.engineError = read.error;
+    if (!read.pass.byteLength) return EMPTY;
+    this.judge.feed(read.pass);
+    return this.o.rewriter ? this.o.rewriter.chunk(read.pass) : read.pass;
+  }
+
+  /** The bytes of one read from D, or the stream's end when D reported an error in it. */
+  private passed(bytes: Uint8Array): SourceRead {
+    if (!this.engineError) return { done: false, bytes };
+    const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
+    return this.engineFailed(this.engineError, concat(bytes, held));
+  }
+
+  /**
+   * D reported an error inside its stream after the answer began (an error as the first event
+   * never gets here: the status line waits for it, and the request fails over; pipeline.ts). The
+   * client's stream ends with the router's error event instead of D's, never [DONE]; whose fault
+   * it was follows the status D gave it, as for a status line (upstream.ts `statusOutcome`), or
+   * P's when P failed meanwhile (sglang, vllm-mooncake).
+   */
+  private engineFailed(err: EngineError, bytes: Uint8Array): SourceRead {
+    // the rest of D's answer (its [DONE]) is not wanted
+    this.o.leg.abort("error event");
+    this.o.reader.cancel().catch(() => undefined);
+    const said = `decode node ${this.node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, this.o.leg.call.node.access.token)}`;
+    const failed = (end: StreamEnd & { outcome: "failure" }, event: string): SourceRead => ({ done: true, end, bytes, error: encoder.encode(event) });
+    const partner = this.o.partnerFailure?.();
+    if (partner) {
+      return failed(
+        { outcome: "failure", blame: "prefill", timeout: partner.kind === "timeout", error: `${partner.message}; ${said}`, prefill: partner.report() },
+        sseErrorEvent("the prefill node failed while the answer streamed", "upstream_prefill_failed"),
+      );
+    }
+    // no status: SGLang's native /generate, which writes one only for a ValueError (the request's validation)
+    const status = err.status ?? 400;
+    switch (statusOutcome(status, "engine")) {
+      case "client_error":
+        return failed(
+          { outcome: "failure", blame: "client", timeout: false, error: said, status },
+          sseErrorEvent(redact(err.message, this.o.leg.call.node.access.token), "upstream_rejected", "invalid_request_error"),
+        );
+      case "busy":
+        return failed(
+          { outcome: "failure", blame: "busy", timeout: false, error: said, status: 503 },
+          sseErrorEvent("the decode node is busy and stopped this answer", "upstream_busy"),
+        );
+      case "failure":
+        return failed(
+          { outcome: "failure", blame: "decode", timeout: false, error: said },
+          sseErrorEvent("the decode node reported an error while streaming", "upstream_stream_error"),
+        );
+    }
   }
 
   private readFailed(err: unknown): SourceRead {
@@ -165,4 +226,45 @@ export class DecodeSource {
       "upstream_stream_error",
     );
   }
+}
+
+/** Bytes of D's stream read at most before the status line goes out, when its first event is still undecided. */
+export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
+
+/**
+ * Reads D's stream until its first event is known not to be an error: the status line waits for
+ * it (it is in D's first bytes: engines write an event whole), so an error D reports as its first
+ * event — SGLang's decode whose KV transfer failed, vLLM's request that failed in the engine —
+ * reached nobody and fails over like a refused request (Leg.errorEventFailure). Each read after
+ * the first byte is bounded by `idleMs`; after FIRST_EVENT_MAX_BYTES of comments the answer goes
+ * out anyway. Returns the bytes read, which the DecodeSource relays first.
+ */
+export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): Promise<Uint8Array> {
+  const gate = new ErrorEventGate();
+  const parts: Uint8Array[] = [];
+  let bytes = 0;
+  for (;;) {
+    let read: ReadableStreamReadResult<Uint8Array>;
+    try {
+      read = await reader.read();
+    } catch (err) {
+      throw leg.failure(err, "broken", bytes ? "broke off its stream in its first event" : "broke off its stream before the first byte");
+    }
+    if (read.done) {
+      if (!bytes) throw leg.protocolFailure("ended its stream without a byte");
+      const last = gate.end();
+      if (last.error) throw leg.errorEventFailure(last.error);
+      break;
+    }
+    if (!read.value.byteLength) continue;
+    // the first byte is in: D's silences are bounded by decodeIdleMs from here
+    leg.deadline(idleMs, `sent nothing for ${idleMs} ms inside its first event`);
+    parts.push(read.value);
+    bytes += read.value.byteLength;
+    const g = gate.feed(read.value);
+    if (g.error) throw leg.errorEventFailure(g.error);
+    if (gate.firstSettled || bytes >= FIRST_EVENT_MAX_BYTES) break;
+  }
+  leg.clearDeadline();
+  return parts.length === 1 ? parts[0]! : parts.reduce(concat);
 }

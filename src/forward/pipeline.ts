@@ -1,4 +1,5 @@
 import type { Role } from "../routing/types";
+import { readFirstEvent } from "./decode-source";
 import type { RequestLife } from "./lifecycle";
 import type { PrefillUsage } from "./stream";
 import { Leg, UpstreamFailure, type UpstreamNode } from "./upstream";
@@ -125,17 +126,9 @@ export async function decodeAttempt(
     const type = leg.response.headers.get("content-type") ?? "";
     if (!type.includes("text/event-stream") || !leg.response.body) throw leg.protocolFailure(`answered a stream request with '${type || "no body"}'`);
     const reader = leg.response.body.getReader();
-    let first: ReadableStreamReadResult<Uint8Array>;
-    do {
-      try {
-        first = await reader.read();
-      } catch (err) {
-        throw leg.failure(err, "broken", "broke off its stream before the first byte");
-      }
-      if (first.done) throw leg.protocolFailure("ended its stream without a byte");
-    } while (first.value.byteLength === 0);
-    leg.clearDeadline();
-    return { leg, ms: Date.now() - leg.started, body: { kind: "stream", reader, first: first.value } };
+    // the first byte, and the first event unless it is D's error (decode-source.ts)
+    const first = await readFirstEvent(leg, reader, ctx.timeouts.decodeIdleMs);
+    return { leg, ms: Date.now() - leg.started, body: { kind: "stream", reader, first } };
   } catch (err) {
     leg.abort("attempt failed");
     throw err;

@@ -11,6 +11,10 @@ import type { Leg, UpstreamFailure, UpstreamNode } from "./upstream";
 
 const ROOM_MASK = (1n << 63n) - 1n;
 
+/** How long a D that reported an error as its first event waits for P's leg to tell whether P failed. */
+export const PARTNER_SETTLE_MS = 1_000;
+const noop = () => undefined;
+
 /** Random integer in [0, 2^63-1], as decimal text: it goes into JSON exactly, never through a JS number. */
 export function bootstrapRoom(): string {
   const [value] = crypto.getRandomValues(new BigUint64Array(1));
@@ -158,6 +162,12 @@ export async function forwardConcurrent(
       };
     } catch (err) {
       const decodeFailure = asFailure(err, "decode", d.id);
+      // D's first event was an error: SGLang's decode writes one when its KV transfer failed,
+      // which is P's doing when P failed or aborted the request; P's leg says so about when D
+      // does. Given a moment, P is blamed when P failed, else D.
+      if (decodeFailure.errorEvent && decodeFailure.outcome === "failure" && !prefillFailed) {
+        await Promise.race([prefill.then(noop, noop), ctx.sleep(PARTNER_SETTLE_MS)]);
+      }
       prefillAbort.abort("decode failed");
       // Blame the leg that failed first: P, when D was only aborted because of it.
       const failure = prefillFailed

@@ -1,6 +1,7 @@
 import type { Role } from "../routing/types";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
+import type { EngineError } from "./error-event-gate";
 import type { NodeAccess } from "./node-fetch";
 
 /** A node as the forwarding code needs it. */
@@ -21,7 +22,7 @@ export type FailureKind = "connect" | "timeout" | "status" | "aborted" | "protoc
  * parameters, prompt too long, a model name no node knows): the client's fault, passed on.
  * Every other non-200 status (401/403 from a wrong node token, 3xx, 408, 429,
  * 5xx, 204 to a stream) is the node's fault: it counts against the node and the client gets
- * the router's own message.
+ * the router's own message — except a busy node's (BUSY_STATUSES) and an engine's own 501.
  */
 const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
 
@@ -34,6 +35,29 @@ const CLIENT_FAULT_STATUSES = new Set([400, 404, 413, 422]);
  * the probes and by every other failure.
  */
 const BUSY_STATUSES = new Set([429, 503]);
+
+/**
+ * 501 Not Implemented, when the engine itself answers it (a JSON error), says the engine does not
+ * support what this request asks: vLLM maps a NotImplementedError raised while serving a request
+ * to 501 "NotImplementedError" (vllm entrypoints/openai/engine/serving.py `create_error_response`:
+ * e.g. beam search over an embeddings prompt, an encoder-decoder prompt), and SGLang answers 501
+ * when a handler does not support the streaming or non-streaming form asked for
+ * (sgl-project/sglang entrypoints/openai/serving_base.py `_handle_streaming_request`: "... does
+ * not support streaming requests"). The client's request, not a broken node: passed on, never
+ * counted. A 501 from something in front of the engine (a proxy that does not implement our
+ * method or encoding: not JSON) would fail every request and stays the node's fault.
+ */
+const UNSUPPORTED_BY_ENGINE = 501;
+
+/** Who is at fault for a node's non-200 status: the client's request, a node that is full, or the node. */
+export function statusOutcome(status: number, answeredBy: "engine" | "front" | null): "client_error" | "busy" | "failure" {
+  if (CLIENT_FAULT_STATUSES.has(status) || (status === UNSUPPORTED_BY_ENGINE && answeredBy === "engine")) return "client_error";
+  if (BUSY_STATUSES.has(status)) return "busy";
+  return "failure";
+}
+
+/** Who answered a status: the engine's serving layer (its errors are JSON) or something in front of it. */
+export const answeredByOf = (headers: Headers): "engine" | "front" => ((headers.get("content-type") ?? "").includes("json") ? "engine" : "front");
 
 /** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
 export const BUSY_RETRY_DEFAULT_MS = 1_000;
@@ -71,11 +95,13 @@ export class UpstreamFailure extends Error {
     this.name = "UpstreamFailure";
   }
 
+  /** the node reported this inside its stream, as its first event (its status line was 200) */
+  errorEvent: EngineError | null = null;
+
   /** A refused request is the client's fault and does not count against the node; an abort tells nothing; a full node is busy. */
   get outcome(): LegOutcome {
     if (this.kind === "aborted") return "aborted";
-    if (this.kind === "status" && this.status !== null && CLIENT_FAULT_STATUSES.has(this.status)) return "client_error";
-    if (this.kind === "status" && this.status !== null && BUSY_STATUSES.has(this.status)) return "busy";
+    if (this.kind === "status" && this.status !== null) return statusOutcome(this.status, this.answeredBy);
     return "failure";
   }
 
@@ -171,7 +197,7 @@ export class Leg {
     leg.ms = Date.now() - leg.started;
     if (response.status !== 200) {
       const status = response.status;
-      const text = CLIENT_FAULT_STATUSES.has(status) ? await leg.text().catch(() => "") : "";
+      const text = statusOutcome(status, answeredByOf(response.headers)) === "client_error" ? await leg.text().catch(() => "") : "";
       leg.abort("rejected");
       throw leg.statusFailure(status, text, response.headers);
     }
@@ -209,6 +235,23 @@ export class Leg {
     return new UpstreamFailure(leg, node.id, kind, `${leg} node ${node.id} ${what}: ${(err as Error)?.message ?? String(err)}`);
   }
 
+  /**
+   * The node answered 200 and then an error event as its stream's first event (error-event-gate.ts):
+   * nothing reached the client, so it is handled as the status the engine gave the error — a
+   * refusal passed on, a busy node, or a node failure to fail over from. No status: SGLang's
+   * /generate, which writes none only for a ValueError (the request's validation): a 400.
+   */
+  errorEventFailure(err: EngineError): UpstreamFailure {
+    const { leg, node } = this.call;
+    const status = err.status ?? 400;
+    const outcome = statusOutcome(status, "engine");
+    const message = `${leg} node ${node.id} answered its stream with an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.token)}`;
+    const clientMessage = outcome === "client_error" ? redact(err.message, node.access.token) : null;
+    const failure = new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, "engine", outcome === "busy" ? BUSY_RETRY_DEFAULT_MS : null, true);
+    failure.errorEvent = err;
+    return failure;
+  }
+
   protocolFailure(what: string): UpstreamFailure {
     return new UpstreamFailure(this.call.leg, this.node, "protocol", `${this.call.leg} node ${this.node} ${what}`);
   }
@@ -217,13 +260,14 @@ export class Leg {
     const { leg, node } = this.call;
     // An engine's own refusal is JSON (vLLM's ErrorResponse, SGLang's ORJSONResponse); a proxy,
     // a tunnel, an Access login or a redirect in front of it answers something else.
-    const answeredBy = (headers.get("content-type") ?? "").includes("json") ? "engine" : "front";
-    const busy = BUSY_STATUSES.has(status);
+    const answeredBy = answeredByOf(headers);
+    const outcome = statusOutcome(status, answeredBy);
+    const busy = outcome === "busy";
     const wait = busy ? (retryAfterMs(headers.get("retry-after")) ?? BUSY_RETRY_DEFAULT_MS) : null;
     // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
     const why = status === 508 ? ": its URL leads back to the router (a routing loop)" : busy ? ": it is busy" : "";
     const message = `${leg} node ${node.id} answered HTTP ${status}${why}`;
-    const clientMessage = CLIENT_FAULT_STATUSES.has(status) ? clientMessageOf(text, node.access.token) : null;
+    const clientMessage = outcome === "client_error" ? clientMessageOf(text, node.access.token) : null;
     return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait);
   }
 
@@ -249,8 +293,13 @@ export function clientMessageOf(text: string, token: string | null): string | nu
     return null;
   }
   if (typeof message !== "string" || !message) return null;
-  const clean = token ? message.split(token).join("[redacted]") : message;
+  const clean = redact(message, token);
   return clean.length > 1000 ? `${clean.slice(0, 1000)}...` : clean;
+}
+
+/** A node's message with its own token removed, should it echo it. */
+export function redact(message: string, token: string | null): string {
+  return token ? message.split(token).join("[redacted]") : message;
 }
 
 /** Parses a leg's JSON body text as an object, or fails as a protocol error. */

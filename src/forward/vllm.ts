@@ -83,19 +83,65 @@ interface Prefilled {
   usage: PrefillUsage;
   /** P's kv_transfer_params as P wrote them, or undefined when P sent none */
   kvText: string | undefined;
+  /** frees P's blocks of this handle (through the D chosen at the time), at most once whoever asks */
+  release: () => Promise<void>;
 }
+
+/** P's handle in its answer text, or undefined when it has none (P stopped on EOS). */
+const handleOf = (text: string): string | undefined => {
+  const kv = memberText(text, "kv_transfer_params");
+  return kv === undefined || kv === "null" ? undefined : kv;
+};
 
 async function prefill(ctx: ForwardContext, body: string, upstreamId: string): Promise<Prefilled> {
   const p = await withFailover(ctx, "prefill", async (node) => {
-    const leg = await sendLeg(ctx, "prefill", node, body, upstreamId, ctx.timeouts.prefillMs);
-    const text = await leg.text();
-    leg.close();
+    const leg = await sendPrefillLeg(ctx, node, body, upstreamId);
+    // vLLM answers a non-streamed request only once its prefill is done, so P's headers mean a
+    // handle exists: P's body is read to its end even if the request ends meanwhile (the client
+    // gone, a batch abandoned) — within prefillMs, the leg's deadline — and its handle released
+    // then, off the request's end. Cut off, the read would lose the handle and P would hold the
+    // blocks until its timeout (480 s).
+    const answer = leg.text().finally(() => leg.close());
+    let released: Promise<void> | null = null;
+    const release = () =>
+      (released ??= answer.then(
+        (text) => {
+          const kv = handleOf(text);
+          return kv ? releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), kv) : undefined;
+        },
+        () => undefined,
+      ));
+    const unhold = ctx.life.holdHandle(release);
+    let text: string;
+    try {
+      text = await answer;
+    } finally {
+      unhold();
+    }
     const json = parseLegJson(leg, text);
     ctx.life.noteUsageDetails(node.id, usageDetailsOf(json));
-    return { node, ms: Date.now() - leg.started, usage: prefillUsageOf(json), kvText: memberText(text, "kv_transfer_params") };
+    return { node, ms: Date.now() - leg.started, usage: prefillUsageOf(json), kvText: memberText(text, "kv_transfer_params"), release };
   });
   ctx.life.prefillDone({ node: p.node.id, outcome: "ok", ms: p.ms });
   return p;
+}
+
+/**
+ * P's leg until its headers: the request's end aborts it (vLLM then aborts the request, which
+ * frees its blocks: no handle is made); once the headers are in, only the leg's own deadline
+ * (prefillMs) ends it.
+ */
+async function sendPrefillLeg(ctx: ForwardContext, node: UpstreamNode, body: string, upstreamId: string): Promise<Leg> {
+  const untilHeaders = new AbortController();
+  const requestEnded = () => untilHeaders.abort("request ended");
+  const request = ctx.life.signal;
+  if (request.aborted) requestEnded();
+  else request.addEventListener("abort", requestEnded, { once: true });
+  try {
+    return await sendLeg(ctx, "prefill", node, body, upstreamId, ctx.timeouts.prefillMs, untilHeaders.signal);
+  } finally {
+    request.removeEventListener("abort", requestEnded);
+  }
 }
 
 /**
@@ -123,11 +169,11 @@ export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
     const kv = p.kvText !== undefined && p.kvText !== "null" ? p.kvText : undefined;
     const d = ctx.resolve(ctx.life.chosen.decode);
     // Until D is sent the handle, ending the request (the client left) must free P's blocks.
-    const unhold = kv ? ctx.life.holdHandle(() => releaseHandle(ctx, d, kv)) : () => undefined;
+    const unhold = kv ? ctx.life.holdHandle(p.release) : () => undefined;
     if (ctx.life.isEnded) {
-      // it ended while P answered: end() has already run the holds it had, not this one
+      // it ended while P answered: end() ran the holds it had then (a release runs once)
       unhold();
-      if (kv) ctx.life.background(() => releaseHandle(ctx, d, kv));
+      if (kv) ctx.life.background(p.release);
       throw asFailure(new Error("the request ended"), "decode", d.id);
     }
     unhold();
@@ -147,7 +193,7 @@ export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
         // P for a fresh handle (on the same P: its prefix cache makes the second prefill cheap).
         await failOver(ctx, failure, attempt);
       } finally {
-        if (release) ctx.life.background(() => releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), kv));
+        if (release) ctx.life.background(p.release);
       }
     }
   }

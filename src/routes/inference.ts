@@ -329,12 +329,20 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
       case "ok":
         return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
       case "failure":
-        // D's failure counts against D; P's (after D's first byte) against P; a batch's against nobody
+        // D's failure counts against D; P's (after D's first byte) against P; a request D found
+        // invalid inside its stream, a busy D and a batch's failure against nobody
         return life.end({
-          status: 502,
+          status: end.status ?? 502,
           outcome: "error",
           error: end.error,
-          legs: end.blame === "decode" ? { decode: decodeLeg("failure") } : { decode: decodeLeg("aborted"), ...(end.prefill ? { prefill: end.prefill } : {}) },
+          legs:
+            end.blame === "decode"
+              ? { decode: decodeLeg("failure") }
+              : end.blame === "client"
+                ? { decode: decodeLeg("client_error") }
+                : end.blame === "busy"
+                  ? { decode: decodeLeg("busy") }
+                  : { decode: decodeLeg("aborted"), ...(end.prefill ? { prefill: end.prefill } : {}) },
         });
       case "aborted":
       case "stalled":
@@ -491,20 +499,29 @@ async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRe
     lives.push(life);
     if (failed) abandon(life, failed);
   };
-  const settled = await Promise.allSettled(
+  // The first prompt that fails answers for the batch at once: the others' requests have ended
+  // (abandon), and what they still finish — a vLLM P's answer in transit, read to its end to
+  // release its handle (vllm.ts) — runs in the background, never before the client's answer.
+  let failNow: () => void = () => undefined;
+  const failedEarly = new Promise<null>((resolve) => {
+    failNow = () => resolve(null);
+  });
+  const all = Promise.allSettled(
     prompts.map((prompt, i) => {
       const subRaw = editMembers(raw, { prompt: JSON.stringify(prompt) });
       return route(c, "completion", path, subRaw, { ...body, prompt } as InferenceRequest, `${requestId}/${i}`, false, onLife).catch((err: unknown) => {
         const error = err instanceof RouterError ? err : new RouterError(502, "The upstream request failed.", "upstream_error", "upstream_unavailable");
         failed ??= error;
         for (const life of lives) abandon(life, failed);
+        failNow();
         throw err;
       });
     }),
   );
-  if (failed) {
-    for (const life of lives) abandon(life, failed);
-    throw failed;
+  const settled = await Promise.race([all, failedEarly]);
+  if (failed || !settled) {
+    for (const life of lives) abandon(life, failed!);
+    throw failed!;
   }
   const routed = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const headers = answerHeaders(requestId, routed);

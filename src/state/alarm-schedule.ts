@@ -8,28 +8,35 @@ export type AlarmJob = "probe" | "poll";
  * was run early on purpose (`runDurableObjectAlarm` in tests, a retried alarm): it runs them all.
  */
 export class AlarmSchedule {
-  readonly #due = new Map<AlarmJob, number>();
+  /** per job: when it is due next, and the period it was scheduled with */
+  readonly #jobs = new Map<AlarmJob, { due: number; period: number }>();
 
-  /** Periods changed (a new document): each job is due one period from now unless due sooner. */
+  /**
+   * Periods set (a new document). A job whose period shrank is due one new period from now
+   * unless due sooner; one whose period grew is due one new period after its last run (its due
+   * time minus the old period), not at the old time: either way the new period holds at once.
+   */
   configure(periods: Record<AlarmJob, number>, now: number): void {
     for (const job of Object.keys(periods) as AlarmJob[]) {
-      const next = now + periods[job];
-      const due = this.#due.get(job);
-      if (due === undefined || due > next) this.#due.set(job, next);
+      const period = periods[job];
+      const j = this.#jobs.get(job);
+      if (j === undefined) this.#jobs.set(job, { due: now + period, period });
+      else if (period < j.period) this.#jobs.set(job, { due: Math.min(j.due, now + period), period });
+      else if (period > j.period) this.#jobs.set(job, { due: j.due - j.period + period, period });
     }
   }
 
   /** The jobs to run now, each rescheduled one period from now. */
   take(periods: Record<AlarmJob, number>, now: number): AlarmJob[] {
     const jobs = Object.keys(periods) as AlarmJob[];
-    let due = jobs.filter((j) => (this.#due.get(j) ?? 0) <= now);
+    let due = jobs.filter((j) => (this.#jobs.get(j)?.due ?? 0) <= now);
     if (due.length === 0) due = jobs;
-    for (const j of due) this.#due.set(j, now + periods[j]);
+    for (const j of due) this.#jobs.set(j, { due: now + periods[j], period: periods[j] });
     return due;
   }
 
   /** When the alarm should fire next. */
   next(): number {
-    return Math.min(...this.#due.values());
+    return Math.min(...[...this.#jobs.values()].map((j) => j.due));
   }
 }

@@ -424,11 +424,11 @@ export class ClusterState extends DurableObject {
     if (this.admission.size > 0) queueMicrotask(() => this.admitWaiting());
   }
 
-  /** The alarm fires for the earliest job due (a new document may bring one sooner). */
+  /** The alarm fires for the earliest job due: a new document's periods move it sooner or later at once. */
   private async ensureAlarm(): Promise<void> {
     const current = await this.ctx.storage.getAlarm();
     const next = this.schedule.next();
-    if (this.cluster && (current === null || current > next)) await this.ctx.storage.setAlarm(next);
+    if (this.cluster && current !== next) await this.ctx.storage.setAlarm(next);
   }
 
   private candidate(n: ViewNode, role: Role, now: number): CandidateNode {
