@@ -30,6 +30,15 @@ export async function startScriptedEngine(handler: ScriptedHandler): Promise<Scr
   const requests: ScriptedRequest[] = [];
   const sockets = new Set<net.Socket>();
   const server = http.createServer((req, res) => {
+    // The router's own background reads — health probes and /metrics polls from the cluster
+    // object's alarm — get a healthy engine's plain answers; scripts see only the requests a
+    // client's request caused.
+    if (req.method === "GET" && (req.url === "/health" || req.url === "/metrics")) {
+      req.resume();
+      res.writeHead(req.url === "/health" ? 200 : 404, { "content-type": "text/plain" });
+      res.end(req.url === "/health" ? "" : "no metrics");
+      return;
+    }
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
