@@ -24,6 +24,8 @@ export default defineConfig({
           // the operations tests need the secrets set: they run in worker-secured
           exclude: ["test/worker/ops-*.test.ts"],
           globalSetup: ["./test/global-setup.ts"],
+          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
         },
@@ -52,6 +54,8 @@ export default defineConfig({
           // after the other projects, so a second workerd does not compete with their timing-sensitive tests
           sequence: { groupOrder: 1 },
           globalSetup: ["./test/global-setup.ts"],
+          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
         },

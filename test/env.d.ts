@@ -2,7 +2,7 @@ export {};
 
 declare module "vitest" {
   export interface ProvidedContext {
-    /** the simulated engines of test/global-setup.ts */
-    sim: { controlUrl: string; engines: Record<string, string> };
+    /** where a Worker test file asks for its own simulated engines (test/global-setup.ts) */
+    simFactory: string;
   }
 }

@@ -1,7 +1,33 @@
 import { env, runInDurableObject, SELF } from "cloudflare:test";
 import { inject } from "vitest";
 
-export const sim = () => inject("sim");
+export interface FileEngines {
+  id: string;
+  controlUrl: string;
+  engines: Record<string, string>;
+}
+
+let fileEngines: FileEngines | null = null;
+
+/** This test file's simulated engines (started by file-engines.ts before its first test). */
+export const sim = (): FileEngines => {
+  if (!fileEngines) throw new Error("no engines yet: sim() runs before the file's beforeAll (test/worker/file-engines.ts)");
+  return fileEngines;
+};
+
+export async function startFileEngines(): Promise<void> {
+  const res = await fetch(`${inject("simFactory")}/clusters`, { method: "POST" });
+  if (!res.ok) throw new Error(`could not start this file's engines: ${res.status} ${await res.text()}`);
+  fileEngines = await res.json();
+}
+
+export async function stopFileEngines(): Promise<void> {
+  if (!fileEngines) return;
+  const { id } = fileEngines;
+  fileEngines = null;
+  await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+}
+
 export const engineUrl = (id: string) => {
   const url = sim().engines[id];
   if (!url) throw new Error(`no engine ${id}`);
@@ -35,6 +61,7 @@ export async function control(path: string, body?: unknown): Promise<any> {
   return res.json();
 }
 
+/** Resets this file's engines (faults, stats, request logs); other files have their own. */
 export const resetSim = () => control("/reset", {});
 export const received = async (id: string): Promise<Array<{ path: string; headers: Record<string, string>; body: string }>> => control(`/engines/${id}/requests`);
 export const fault = (id: string, f: Record<string, unknown>) => control(`/engines/${id}/fault`, f);
