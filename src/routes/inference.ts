@@ -58,8 +58,9 @@ export async function buildRouteRequest(
   dryRun: boolean,
   /** one node, no disaggregation and no affinity key (embeddings, tokenizer) */
   oneHop = false,
-): Promise<{ config: ClusterConfig; view: ClusterView; pool: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
-  const snapshot = await currentConfig(c.env);
+): Promise<{ config: ClusterConfig; view: ClusterView; pool: string; request: RouteRequest; keySource: string | null; prefixBlocks: number; configStateCalls: number }> {
+  const configCalls = { calls: 0 };
+  const snapshot = await currentConfig(c.env, configCalls);
   const config = requireConfig(snapshot);
   const model = typeof body.model === "string" ? body.model : "";
   const colocated = config.protocol === "colocated" || oneHop;
@@ -89,6 +90,7 @@ export async function buildRouteRequest(
     pool: pool.key,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
+    configStateCalls: configCalls.calls,
     request: {
       version: view.version,
       model,
@@ -165,7 +167,7 @@ interface Routed {
 
 /** Routes one body and runs its protocol until D answered; ends the request's life on failure. */
 async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body: InferenceRequest, requestId: string, oneHop = false): Promise<Routed> {
-  const { config, view, pool, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  const { config, view, pool, request, keySource, configStateCalls } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
   request.route = path;
   const env = c.env;
   const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
@@ -183,6 +185,7 @@ async function route(c: Ctx, kind: RequestKind, path: string, raw: string, body:
     clientSignal: c.req.raw.signal,
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
   });
+  life.waitedForState(configStateCalls);
   try {
     const routed = await life.route(request, view);
     if (!routed.ok) throw selectionFailure(routed.error);
