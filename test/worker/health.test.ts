@@ -79,7 +79,7 @@ describe("a decode node that fails before its first byte", () => {
   beforeEach(healAll);
 
   it("is retried on the next decode node; a 4xx does not count against the node", async () => {
-    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 5000 } }));
+    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 5000, ejectMaxMs: 10000 } }));
     await fault("d0", { mode: "status500" });
     const res = await send(4);
     expect(res.every((r) => r.status === 200 && r.headers.get("x-pd-decode") === "d1")).toBe(true);

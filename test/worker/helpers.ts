@@ -1,5 +1,6 @@
 import { env, runInDurableObject, SELF } from "cloudflare:test";
 import { inject } from "vitest";
+import { parseClusterDocument } from "../../src/config/schema";
 
 export interface FileEngines {
   id: string;
@@ -45,10 +46,17 @@ export type NodeSpec = {
   url?: string;
 };
 
-/** Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once. */
+/**
+ * Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once.
+ * It must be valid: an invalid one would leave the previous test's document serving, and the test
+ * would pass or fail by the order tests run in (putRawCluster writes invalid ones on purpose).
+ */
 export async function putCluster(doc: Record<string, unknown> & { nodes: NodeSpec[] }) {
   const nodes = doc.nodes.map((n) => ({ url: engineUrl(n.id), ...n }));
-  await env.NODES.put("nodes", JSON.stringify({ ...doc, nodes }));
+  const text = JSON.stringify({ ...doc, nodes });
+  const parsed = parseClusterDocument(text);
+  if (!parsed.ok) throw new Error(`putCluster: invalid cluster document: ${parsed.problems.map((p) => `${p.path}: ${p.message}`).join("; ")}`);
+  await env.NODES.put("nodes", text);
 }
 
 export async function putRawCluster(raw: string) {
