@@ -1,6 +1,10 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chat, expectNoLoad, fault, post, putCluster, received, resetSim, snapshot, P3, D3 } from "./helpers";
+import { chat, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot, P3, D3 } from "./helpers";
+
+async function inBatches<T>(items: T[], size: number, fn: (item: T) => Promise<unknown>): Promise<void> {
+  for (let i = 0; i < items.length; i += size) await Promise.all(items.slice(i, i + size).map(fn));
+}
 
 // POST /v1/route (SPEC 3, issue 3 item 6): the decision a body would get, explained, with nothing
 // forwarded and no lease taken.
@@ -222,7 +226,10 @@ describe("POST /v1/route answers the decision with its reasons", () => {
 });
 
 describe("POST /v1/route under the other policies", () => {
-  beforeEach(resetSim);
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+  });
 
   it("round_robin: a dry run does not advance the cursor; the real request gets the predicted pick", async () => {
     await putCluster({ protocol: "vllm", policy: { prefill: "round_robin", decode: "round_robin" }, nodes: [...P3, ...D3] });
@@ -255,6 +262,14 @@ describe("POST /v1/route under the other policies", () => {
         { role: "user", content: `question ${RUN}` },
       ],
     };
+    // other traffic first, spread over the nodes: cache_aware also bounds each node's share of
+    // recent requests, which on a cluster that routed one request alone would be that node's all
+    await inBatches(
+      Array.from({ length: 30 }, (_, i) => i),
+      6,
+      async (i) => expect((await placement("/v1/chat/completions", chat(`other traffic ${i}`))).status).toBe(200),
+    );
+    await expectNoLoad();
     const cold = (await explain(turn1)).json;
     expect(cold.key.prefixBlocks).toBeGreaterThanOrEqual(8);
     for (const role of ["prefill", "decode"] as const) {
