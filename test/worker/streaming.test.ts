@@ -1,6 +1,6 @@
 import { SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { waitFor } from "./engines-helpers";
+import { enginesIdle } from "./engines-helpers";
 import { chat, control, engineSawAbort, expectNoLoad, fault, post, putCluster, resetSim, snapshot } from "./helpers";
 
 const slowCluster = {
@@ -25,21 +25,13 @@ async function readAll(res: Response): Promise<{ text: string; reads: number[] }
   }
 }
 
-/** Every engine has closed every request: a test leaves nothing running into the next one. */
-const enginesIdle = () =>
-  waitFor(
-    () => control("/stats"),
-    (all: Record<string, { inflight: number }>) => Object.values(all).every((e) => e.inflight === 0),
-    5000,
-    "engines idle",
-  );
-
 describe("streaming: D's body reaches the client as it is produced", () => {
   beforeEach(async () => {
     await resetSim();
     await putCluster(slowCluster);
   });
-  afterEach(enginesIdle);
+  // every engine has closed every request: a test leaves nothing running into the next one
+  afterEach(() => enginesIdle());
 
   it("delivers tokens incrementally, not in one buffered piece", async () => {
     // 64 tokens at 15 ms each: the client reads its first token while D is still generating
