@@ -425,7 +425,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   const body = parseInferenceRequest(raw, kind);
   const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env, pool);
-  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot()]);
+  // both calls carry the view: they run concurrently, and the snapshot may be the object's first call
+  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot(view)]);
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });
