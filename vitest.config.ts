@@ -21,9 +21,11 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
-          // the operations tests need the secrets set: they run in worker-secured
-          exclude: ["test/worker/ops-*.test.ts"],
+          // the operations tests need the secrets set: they run in worker-secured; runtime-* in worker-runtime
+          exclude: ["test/worker/ops-*.test.ts", "test/worker/runtime-*.test.ts"],
           globalSetup: ["./test/global-setup.ts", "./test/signals-global-setup.ts"],
+          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
         },
@@ -52,6 +54,47 @@ export default defineConfig({
           // after the other projects, so a second workerd does not compete with their timing-sensitive tests
           sequence: { groupOrder: 1 },
           globalSetup: ["./test/global-setup.ts"],
+          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          setupFiles: ["./test/worker/file-engines.ts"],
+          testTimeout: 20000,
+          hookTimeout: 30000,
+        },
+      },
+      {
+        // The Worker when the runtime around it fails: a rate limiter whose binding throws (an
+        // outage of the limiting service) and short leases (a request workerd dropped stops renewing).
+        plugins: [
+          cloudflareTest({
+            main: "./src/index.ts",
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: { CONFIG_TTL_MS: "0", API_KEYS: "runtime-key", LEASE_TTL_MS: "1000" },
+              // RATE_LIMITER answers through RPC like the real binding (limit({ key })), and throws
+              serviceBindings: { RATE_LIMITER: { name: "broken-rate-limiter" } },
+              workers: [
+                {
+                  name: "broken-rate-limiter",
+                  modules: true,
+                  compatibilityDate: "2026-04-26",
+                  script: [
+                    'import { WorkerEntrypoint } from "cloudflare:workers";',
+                    "const asked = [];",
+                    "export default class BrokenRateLimiter extends WorkerEntrypoint {",
+                    '  async limit({ key }) { asked.push(key); throw new Error("rate limiting service unavailable"); }',
+                    "  async asked() { return asked.splice(0); }",
+                    "}",
+                  ].join("\n"),
+                },
+              ],
+            },
+          }),
+        ],
+        test: {
+          name: "worker-runtime",
+          include: ["test/worker/runtime-*.test.ts"],
+          sequence: { groupOrder: 1 },
+          globalSetup: ["./test/global-setup.ts"],
+          setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
         },

@@ -2,9 +2,9 @@ export {};
 
 declare module "vitest" {
   export interface ProvidedContext {
-    /** the simulated engines of test/global-setup.ts */
-    sim: { controlUrl: string; engines: Record<string, string> };
-    /** nodes with a steerable GET /metrics in front of simulated engines (test/signals-global-setup.ts) */
-    signals: { controlUrl: string; simControlUrl: string; nodes: Record<string, string> };
+    /** where a Worker test file asks for its own simulated engines (test/global-setup.ts) */
+    simFactory: string;
+    /** where a signals test file asks for its own fronted engines (test/signals-global-setup.ts) */
+    signalsFactory: string;
   }
 }

@@ -37,12 +37,26 @@ function intVar(value: string | undefined, fallback: number): number {
   return value !== undefined && value !== "" && Number.isFinite(n) && n >= 0 ? n : fallback;
 }
 
-export function currentConfig(env: Env): Promise<ConfigSnapshot> {
+/** Durable Object calls a request waited for while getting the document (its log line counts them). */
+export interface StateCallCount {
+  calls: number;
+}
+
+/**
+ * The document this isolate serves. The first read of a new valid document saves it in the
+ * object, and an isolate that meets an invalid one with none of its own reads the last valid one
+ * back: Durable Object calls on the response path, counted in `count` when given.
+ */
+export function currentConfig(env: Env, count?: StateCallCount): Promise<ConfigSnapshot> {
   const state = () => clusterState(env);
+  const counted = <T>(call: () => Promise<T>): Promise<T> => {
+    if (count) count.calls++;
+    return call();
+  };
   return loader.get({
     read: () => env.NODES.get(CONFIG_KEY),
-    saveLastGood: (raw) => state().saveLastGoodConfig(raw),
-    loadLastGood: () => state().lastGoodConfig(),
+    saveLastGood: (raw) => counted(() => state().saveLastGoodConfig(raw)),
+    loadLastGood: () => counted(() => state().lastGoodConfig()),
     defaults: { protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY },
     ttlMs: intVar(env.CONFIG_TTL_MS, DEFAULT_CONFIG_TTL_MS),
     now: () => Date.now(),

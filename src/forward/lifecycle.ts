@@ -113,6 +113,12 @@ export class RequestLife {
     return this.call(p);
   }
 
+  /** Durable Object calls the request waited for before it was routed (the document: see currentConfig). */
+  waitedForState(calls: number): void {
+    this.stateCalls += calls;
+    this.awaitedCalls += calls;
+  }
+
   /** Picks P and D and takes the lease: the one round trip the response waits for. */
   async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
     request = { ...request, leaseId: this.leaseId, requestId: this.o.requestId };

@@ -63,8 +63,9 @@ export async function buildRouteRequest(
   dryRun: boolean,
   /** one node, no disaggregation and no affinity key (embeddings, tokenizer) */
   oneHop = false,
-): Promise<{ config: ClusterConfig; view: ClusterView; pool: string; request: RouteRequest; keySource: string | null; prefixBlocks: number }> {
-  const snapshot = await currentConfig(c.env);
+): Promise<{ config: ClusterConfig; view: ClusterView; pool: string; request: RouteRequest; keySource: string | null; prefixBlocks: number; configStateCalls: number }> {
+  const configCalls = { calls: 0 };
+  const snapshot = await currentConfig(c.env, configCalls);
   const config = requireConfig(snapshot);
   const model = typeof body.model === "string" ? body.model : "";
   const colocated = config.protocol === "colocated" || oneHop;
@@ -94,6 +95,7 @@ export async function buildRouteRequest(
     pool: pool.key,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
+    configStateCalls: configCalls.calls,
     request: {
       version: view.version,
       model,
@@ -222,7 +224,7 @@ async function route(
   oneHop = false,
   onLife?: (life: RequestLife) => void,
 ): Promise<Routed> {
-  const { config, view, pool, request, keySource } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  const { config, view, pool, request, keySource, configStateCalls } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
   if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
   const env = c.env;
@@ -242,6 +244,7 @@ async function route(
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
   });
   onLife?.(life);
+  life.waitedForState(configStateCalls);
   try {
     const routed = await life.route(request, view);
     if (!routed.ok) throw selectionFailure(routed.error);
@@ -551,7 +554,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   const body = parseInferenceRequest(raw, kind);
   const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env, pool);
-  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot()]);
+  // both calls carry the view: they run concurrently, and the snapshot may be the object's first call
+  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot(view)]);
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });

@@ -26,6 +26,10 @@ export class RecentShare {
     this.#byNode.delete(node);
   }
 
+  clear(): void {
+    this.#byNode.clear();
+  }
+
   #bump(node: string, role: Role): void {
     const r = this.#byNode.get(node) ?? { prefill: 0, decode: 0 };
     r[role] += 1;

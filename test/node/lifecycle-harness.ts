@@ -38,8 +38,9 @@ export interface EngineStats {
 }
 
 export interface AdminStatus {
-  nodes: Array<{ id: string; inflight: { prefill: number; decode: number; tokens: number }; failuresTotal: number; healthy: boolean }>;
+  nodes: Array<{ id: string; inflight: { prefill: number; decode: number; tokens: number }; failuresTotal: number; healthy: boolean; probeUp: boolean }>;
   leases: number;
+  serving: { version: string | null; stale: boolean };
 }
 
 export interface Rig {
@@ -59,6 +60,12 @@ export interface Rig {
   workerd(): Promise<{ rssKb: number; cpuMs: number } | null>;
   /** resets every engine (faults, stats) */
   reset(): Promise<void>;
+  /**
+   * Stops the router and starts it again on the same port and state (KV, Durable Objects), with
+   * `document` (an object, or raw text, valid or not) written to KV first: a new isolate, as after
+   * a deploy or an eviction, meeting whatever KV holds.
+   */
+  restart(document: unknown): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -80,14 +87,14 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   const all: string[] = [];
   let pending = "";
   let router: { url: string; pid: number; stop: () => Promise<void> };
-  try {
-    router = await startRouter({
+  const launch = (clusterDocument: unknown) =>
+    startRouter({
       runtime: "workerd",
       port,
       persistDir,
       vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0, ...o.vars },
       ...(o.rateLimit ? { rateLimit: o.rateLimit } : {}),
-      clusterDocument: o.document(url, `http://127.0.0.1:${port}`),
+      clusterDocument,
       onOutput: (line: string) => {
         // startRouter splits each chunk of output at newlines: a line cut by a chunk boundary
         // arrives in two pieces, joined again here (the router's log lines are JSON objects)
@@ -97,6 +104,8 @@ export async function startRig(o: RigOptions): Promise<Rig> {
         else all.push(joined);
       },
     });
+  try {
+    router = await launch(o.document(url, `http://127.0.0.1:${port}`));
   } catch (err) {
     await cluster.close();
     throw err;
@@ -148,6 +157,10 @@ export async function startRig(o: RigOptions): Promise<Rig> {
     },
     async reset() {
       await fetch(`${cluster.controlUrl}/reset`, { method: "POST" });
+    },
+    async restart(document) {
+      await router.stop();
+      router = await launch(document);
     },
     async stop() {
       await router?.stop();

@@ -2,7 +2,7 @@
 // lines, bursts after idle time and across a document refresh, and 200 concurrent streams whose
 // clients and engines misbehave at random. Afterwards nothing is held: no lease, no in-flight
 // load, no upstream connection.
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it, type TestContext } from "vitest";
 import { RawClient, chatBody, expectEnginesIdle, expectReleased, idle, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 
 const STALL_MS = 1000;
@@ -47,48 +47,56 @@ beforeEach(async () => {
   await rig.reset();
 });
 
+/**
+ * workerd's memory and CPU so far. They come from /proc: where it does not exist (not Linux) the
+ * test is reported skipped with the reason, never passed without its bounds; on Linux an
+ * unreadable /proc fails the test.
+ */
+async function workerdFigures(ctx: TestContext): Promise<{ rssKb: number; cpuMs: number }> {
+  const figures = await rig.workerd();
+  if (figures) return figures;
+  if (process.platform !== "linux") ctx.skip(`no /proc on ${process.platform}: workerd's CPU and memory cannot be measured, so this bound is not checked`);
+  throw new Error("workerd's /proc entries could not be read: its CPU and memory bounds cannot be checked");
+}
+
 describe("8. SSE rewriting stays linear and bounded: huge lines pass through", () => {
-  it("one 16 MB usage line (usage rewriting on): the client gets every byte within seconds, workerd's CPU and memory bounded", async () => {
+  it("one 16 MB usage line (usage rewriting on): the client gets every byte within seconds, workerd's CPU and memory bounded", async (ctx) => {
     const MB16 = 16 << 20;
     for (const d of ["d0", "d1"]) rig.engine(d).setFault({ mode: "flood", bytes: MB16, newline: true });
-    const before = await rig.workerd();
-    let peakKb = before?.rssKb ?? 0;
+    const before = await workerdFigures(ctx);
+    let peakKb = before.rssKb;
     const started = Date.now();
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, stream_options: { include_usage: true } }) });
     const sampler = setInterval(() => void rig.workerd().then((w) => w && (peakKb = Math.max(peakKb, w.rssKb))), 100);
     const ended = await client.waitEnded(15000);
     clearInterval(sampler);
     const ms = Date.now() - started;
-    const after = await rig.workerd();
+    const after = await workerdFigures(ctx);
     expect(ended).toBe(true);
     expect(client.bytes).toBeGreaterThan(MB16);
     expect(client.tailText()).toContain('"}\n\ndata: [DONE]\n\n');
     expect(ms).toBeLessThan(8000);
-    if (before && after) {
-      // 27 s of CPU for this line before issue 11; a linear pass is well under a few seconds
-      expect(after.cpuMs - before.cpuMs).toBeLessThan(4000);
-      expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
-      console.info(`[8a] 16 MB line: ${ms} ms, workerd CPU ${after.cpuMs - before.cpuMs} ms, RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
-    }
+    // 27 s of CPU for this line before issue 11; a linear pass is well under a few seconds
+    expect(after.cpuMs - before.cpuMs).toBeLessThan(4000);
+    expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
+    console.info(`[8a] 16 MB line: ${ms} ms, workerd CPU ${after.cpuMs - before.cpuMs} ms, RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
     await expectReleased(rig, 2000);
   });
 
-  it("a D that never sends a newline (48 MB of one line): the bytes flow on, memory does not grow with them", async () => {
+  it("a D that never sends a newline (48 MB of one line): the bytes flow on, memory does not grow with them", async (ctx) => {
     const MB48 = 48 << 20;
     for (const d of ["d0", "d1"]) rig.engine(d).setFault({ mode: "flood", bytes: MB48, newline: false });
-    const before = await rig.workerd();
-    let peakKb = before?.rssKb ?? 0;
+    const before = await workerdFigures(ctx);
+    let peakKb = before.rssKb;
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, stream_options: { include_usage: true } }) });
     const sampler = setInterval(() => void rig.workerd().then((w) => w && (peakKb = Math.max(peakKb, w.rssKb))), 100);
     const ended = await client.waitEnded(20000);
     clearInterval(sampler);
     expect(ended).toBe(true);
     expect(client.bytes).toBeGreaterThan(MB48);
-    if (before) {
-      // the router holds at most MAX_REWRITE_LINE_BYTES (1 MB) of a line; what it passes on is not kept
-      expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
-      console.info(`[8b] 48 MB without a newline: RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
-    }
+    // the router holds at most MAX_REWRITE_LINE_BYTES (1 MB) of a line; what it passes on is not kept
+    expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
+    console.info(`[8b] 48 MB without a newline: RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
     await expectReleased(rig, 2000);
   });
 });
@@ -137,8 +145,10 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
     const leftAfter = new Map<string, number>();
     const paused: RawClient[] = [];
     const outcomes: Record<string, number> = {};
+    let readAll = 0;
     const runOne = async (i: number) => {
       const behaviour = behaviours[Math.floor(random() * behaviours.length)]!;
+      if (behaviour === "read-all") readAll++;
       const id = `soak-${i}-${Date.now().toString(36)}`;
       ids.push(id);
       const leaveAfterMs = Math.floor(random() * 400);
@@ -224,7 +234,14 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
       `[soak] outcomes ${JSON.stringify(outcomes)}; at the clients' end: ${statusAtEnd.leases} leases; leases and load 0 after ${toZeroMs} ms, upstream connections 0 after ${toNoConnectionMs} ms (bound ${bound} ms)`,
     );
 
-    // a client that read to the end never saw a silent truncation nor an internal error
+    // a client that read to the end got the whole answer unless a fault took its request: each
+    // injected fault (a P reset or bad answer that failover could not mend, a D that stalled or
+    // sent garbage) spoils at most one request
+    const faults = Object.values(await rig.engineStats()).reduce((n, e) => n + e.faultsInjected, 0);
+    expect(faults).toBeGreaterThan(0);
+    expect(readAll).toBeGreaterThan(faults);
+    expect(outcomes.done ?? 0, JSON.stringify({ outcomes, readAll, faults })).toBeGreaterThanOrEqual(readAll - faults);
+    // and never saw a silent truncation nor an internal error
     expect(outcomes["200-without-end"] ?? 0).toBe(0);
     expect(outcomes["status-500"] ?? 0).toBe(0);
     expect(Object.keys(outcomes).filter((k) => k.startsWith("status-") && !/^status-(502|503|504)$/.test(k))).toEqual([]);

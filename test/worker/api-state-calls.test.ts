@@ -94,6 +94,32 @@ describe("one Durable Object round trip before the response", () => {
     }
   });
 
+  it("the first request after a document change also waits for the object to keep the document, and says so", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "d0", role: "decode" as const },
+    ];
+    for (const stream of [false, true]) {
+      // a document this isolate has not seen: saved in the object as the last valid one (a new
+      // isolate that meets an invalid one serves it), then handed to the object with the route call
+      await putCluster({ protocol: "vllm", policy: rr, timeouts: { prefillMs: stream ? 60001 : 60002 }, nodes });
+      const first = await logged(`doc-change-first-${stream}`, async () => {
+        const res = await post("/v1/chat/completions", chat("new document", { stream }), { "x-request-id": `doc-change-first-${stream}` });
+        expect(res.status).toBe(200);
+        await res.text();
+      });
+      // save the document, route (the object has another version), route with the view
+      expect({ stream, before: first.stateCallsBeforeResponse }).toEqual({ stream, before: 3 });
+      expect(first.stateCalls).toBeGreaterThanOrEqual(4);
+      const next = await logged(`doc-change-next-${stream}`, async () => {
+        const res = await post("/v1/chat/completions", chat("same document", { stream }), { "x-request-id": `doc-change-next-${stream}` });
+        expect(res.status).toBe(200);
+        await res.text();
+      });
+      expect({ stream, before: next.stateCallsBeforeResponse }).toEqual({ stream, before: 1 });
+    }
+  });
+
   it("a one-hop request: route and finish", async () => {
     await putCluster({
       protocol: "vllm",

@@ -1,7 +1,8 @@
-import { env } from "cloudflare:test";
+import { env, SELF } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
 import { chat, post, putRawCluster } from "./helpers";
+import { eventually, seriesValue } from "./ops-helpers";
 
 // Runs before any valid document was seen by the Durable Object of this file's isolate storage.
 describe("with no valid cluster document ever seen", () => {
@@ -16,6 +17,16 @@ describe("with no valid cluster document ever seen", () => {
     const e = ((await bad.json()) as any).error;
     expect(e.code).toBe("no_valid_cluster_document");
     expect(e.message).toContain("nodes[0].id");
+    // both refusals counted, and the config series say nothing valid serves (/metrics is open here)
+    const text = await eventually(async () => {
+      const t = await (await SELF.fetch("http://router/metrics")).text();
+      expect(seriesValue(t, 'pd_router_requests_total{route="/v1/chat/completions",status="503"}')).toBe(2);
+      return t;
+    });
+    expect(seriesValue(text, "pd_router_config_serving")).toBe(0);
+    expect(seriesValue(text, "pd_router_config_valid")).toBe(0);
+    expect(seriesValue(text, "pd_router_config_stale")).toBe(0);
+    expect(seriesValue(text, "pd_router_config_problems")).toBe(1);
   });
 });
 

@@ -38,6 +38,13 @@ export async function waitFor<T>(read: () => Promise<T>, ok: (v: T) => boolean, 
   return last;
 }
 
+/**
+ * Waits until no engine has a request open. A test whose fault slows every request to a node
+ * also slows the handle release the router sends there afterwards; waiting here keeps that
+ * request from running into the next test.
+ */
+export const enginesIdle = (timeoutMs = 5000) => waitFor(allStats, (all) => Object.values(all).every((e) => e.inflight === 0), timeoutMs, "engines idle");
+
 /** The kv_transfer_params of every completion request an engine received (release requests included). */
 export async function kvParamsReceived(id: string): Promise<Array<{ model: string; kv: any; requestId: string; receivedAt: number }>> {
   return (await received(id))

@@ -1,6 +1,7 @@
 import { env, runDurableObjectAlarm, SELF } from "cloudflare:test";
-import { beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, resetClusterState, resetSim, snapshot } from "./helpers";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot } from "./helpers";
+import { waitFor } from "./engines-helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
 const health = { ejectAfter: 3, ejectBaseMs: 300, ejectMaxMs: 2000, intervalMs: 60000, probeTimeoutMs: 300, downAfter: 2, upAfter: 2 };
@@ -78,7 +79,7 @@ describe("a decode node that fails before its first byte", () => {
   beforeEach(healAll);
 
   it("is retried on the next decode node; a 4xx does not count against the node", async () => {
-    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 5000 } }));
+    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 5000, ejectMaxMs: 10000 } }));
     await fault("d0", { mode: "status500" });
     const res = await send(4);
     expect(res.every((r) => r.status === 200 && r.headers.get("x-pd-decode") === "d1")).toBe(true);
@@ -246,4 +247,118 @@ describe("200 concurrent requests with random client aborts", () => {
     expect(results.every((r) => r === 200 || r === "aborted")).toBe(true);
     await expectNoLoad(15000);
   }, 30000);
+});
+
+describe("the breaker after its first cycle", () => {
+  /** a request the test holds; let go after the test, whatever happened */
+  let held: AbortController | null = null;
+  beforeEach(healAll);
+  afterEach(async () => {
+    held?.abort();
+    held = null;
+    await control("/engines/p0/start", {});
+  });
+
+  const base = 400;
+  const breakerDoc = {
+    protocol: "vllm",
+    // P by affinity: the test picks session keys whose first P is p0; D by round robin
+    policy: { prefill: "affinity", decode: "round_robin" },
+    health: { ...health, ejectAfter: 1, ejectBaseMs: base, ejectMaxMs: 60000 },
+    timeouts: { prefillMs: 60000, decodeFirstByteMs: 60000 },
+    nodes: [
+      { id: "p0", role: "prefill" as const },
+      { id: "p1", role: "prefill" as const },
+      { id: "d0", role: "decode" as const },
+    ],
+  };
+
+  /** Session keys whose request goes to p0 first while every node is healthy. */
+  async function keysOnP0(n: number): Promise<string[]> {
+    const out: string[] = [];
+    for (let i = 0; out.length < n && i < 100; i++) {
+      const res = await post("/v1/route", chat("breaker"), { "x-session-id": `breaker-${i}` });
+      if (((await res.json()) as any).prefill.id === "p0") out.push(`breaker-${i}`);
+    }
+    expect(out).toHaveLength(n);
+    return out;
+  }
+
+  const sendAs = async (session: string) => {
+    const res = await post("/v1/chat/completions", chat("breaker"), { "x-session-id": session });
+    await res.arrayBuffer();
+    return { status: res.status, p: res.headers.get("x-pd-prefill") };
+  };
+
+  it("lets one half-open trial through at a time, and a failed trial ejects the node again for twice as long", async () => {
+    await putCluster(breakerDoc);
+    const [k1, trialKey, ...others] = await keysOnP0(6);
+
+    // first cycle: p0 fails once (ejectAfter 1) and is ejected for ejectBaseMs
+    await fault("p0", { mode: "status500", count: 1 });
+    expect(await sendAs(k1!)).toEqual({ status: 200, p: "p1" });
+    const first = await node("p0");
+    expect(first.breaker).toBe("open");
+    expect(first.ejectedUntil - first.lastFailureAt).toBe(base);
+
+    // once the ejection has run out the breaker is half-open: the next request for p0 is its trial
+    await waitFor(
+      async () => (await node("p0")).breaker,
+      (b) => b === "half_open",
+      5000,
+    );
+    await fault("p0", { mode: "hang" });
+    held = new AbortController();
+    const trial = SELF.fetch("http://router/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-session-id": trialKey! },
+      body: JSON.stringify(chat("breaker")),
+      signal: held.signal,
+    });
+    await waitFor(
+      async () => (await control("/engines/p0/stats")).inflight,
+      (n) => n === 1,
+      5000,
+    );
+    // while the trial is out, nobody else may pick p0, though it is their first choice
+    const during = await node("p0");
+    expect({ breaker: during.breaker, healthy: during.healthy }).toEqual({ breaker: "half_open", healthy: false });
+    for (const key of others) expect(await sendAs(key)).toEqual({ status: 200, p: "p1" });
+    expect(await received("p0")).toHaveLength(2); // the first failure and the trial
+
+    // the trial fails (p0 crashes: its connection resets): ejected again, for 2 x ejectBaseMs
+    await control("/engines/p0/stop", {});
+    const answered = await trial;
+    expect({ status: answered.status, p: answered.headers.get("x-pd-prefill") }).toEqual({ status: 200, p: "p1" });
+    await answered.arrayBuffer();
+    const second = await node("p0");
+    expect(second.breaker).toBe("open");
+    expect(second.failuresTotal).toBe(2);
+    expect(second.ejectedUntil - second.lastFailureAt).toBe(2 * base);
+    await expectNoLoad();
+  });
+
+  it.each([
+    ["prefill", ["p0", "p1", "p2", "pslow"], ["d0"]],
+    ["decode", ["p0"], ["d0", "d1", "d2", "slow"]],
+  ] as const)("a request tries at most two more %s nodes after the first", async (role, pIds, dIds) => {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      health: { ...health, ejectAfter: 100 },
+      nodes: [...pIds.map((id) => ({ id, role: "prefill" as const })), ...dIds.map((id) => ({ id, role: "decode" as const }))],
+    });
+    const broken = role === "prefill" ? pIds : dIds;
+    for (const id of broken) await fault(id, { mode: "status500" });
+    const res = await post("/v1/chat/completions", chat("every node of a role fails"));
+    expect(res.status).toBe(502);
+    await res.arrayBuffer();
+    // (a D that failed also gets the handle-release request of the failed attempt: not an attempt)
+    const attempts = async (id: string) => (await received(id)).filter((r) => JSON.parse(r.body).model !== "pd-edge-router-release").length;
+    const tried = await Promise.all(broken.map(attempts));
+    // three attempts in all, each on another node; the fourth node was never asked
+    expect(tried.filter((n) => n === 1)).toHaveLength(3);
+    expect(tried.filter((n) => n === 0)).toHaveLength(1);
+    await expectNoLoad();
+  });
 });

@@ -1,7 +1,34 @@
 import { env, runInDurableObject, SELF } from "cloudflare:test";
 import { inject } from "vitest";
+import { parseClusterDocument } from "../../src/config/schema";
 
-export const sim = () => inject("sim");
+export interface FileEngines {
+  id: string;
+  controlUrl: string;
+  engines: Record<string, string>;
+}
+
+let fileEngines: FileEngines | null = null;
+
+/** This test file's simulated engines (started by file-engines.ts before its first test). */
+export const sim = (): FileEngines => {
+  if (!fileEngines) throw new Error("no engines yet: sim() runs before the file's beforeAll (test/worker/file-engines.ts)");
+  return fileEngines;
+};
+
+export async function startFileEngines(): Promise<void> {
+  const res = await fetch(`${inject("simFactory")}/clusters`, { method: "POST" });
+  if (!res.ok) throw new Error(`could not start this file's engines: ${res.status} ${await res.text()}`);
+  fileEngines = await res.json();
+}
+
+export async function stopFileEngines(): Promise<void> {
+  if (!fileEngines) return;
+  const { id } = fileEngines;
+  fileEngines = null;
+  await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+}
+
 export const engineUrl = (id: string) => {
   const url = sim().engines[id];
   if (!url) throw new Error(`no engine ${id}`);
@@ -19,10 +46,17 @@ export type NodeSpec = {
   url?: string;
 };
 
-/** Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once. */
+/**
+ * Writes the cluster document to KV; the tests run with CONFIG_TTL_MS=0 so it applies at once.
+ * It must be valid: an invalid one would leave the previous test's document serving, and the test
+ * would pass or fail by the order tests run in (putRawCluster writes invalid ones on purpose).
+ */
 export async function putCluster(doc: Record<string, unknown> & { nodes: NodeSpec[] }) {
   const nodes = doc.nodes.map((n) => ({ url: engineUrl(n.id), ...n }));
-  await env.NODES.put("nodes", JSON.stringify({ ...doc, nodes }));
+  const text = JSON.stringify({ ...doc, nodes });
+  const parsed = parseClusterDocument(text);
+  if (!parsed.ok) throw new Error(`putCluster: invalid cluster document: ${parsed.problems.map((p) => `${p.path}: ${p.message}`).join("; ")}`);
+  await env.NODES.put("nodes", text);
 }
 
 export async function putRawCluster(raw: string) {
@@ -35,6 +69,7 @@ export async function control(path: string, body?: unknown): Promise<any> {
   return res.json();
 }
 
+/** Resets this file's engines (faults, stats, request logs); other files have their own. */
 export const resetSim = () => control("/reset", {});
 export const received = async (id: string): Promise<Array<{ path: string; headers: Record<string, string>; body: string }>> => control(`/engines/${id}/requests`);
 export const fault = (id: string, f: Record<string, unknown>) => control(`/engines/${id}/fault`, f);
@@ -72,7 +107,7 @@ export async function expectNoLoad(timeoutMs = 5000) {
   throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
 }
 
-/** Forgets health, breaker, stickiness and prefix state in the Durable Object, so tests do not leak into each other. */
+/** Forgets health, breaker, stickiness, prefix and recent-share state in the Durable Object, so tests do not leak into each other. */
 export async function resetClusterState() {
   // typed loosely: the stub's RPC types are too deep for runInDurableObject's generics
   const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster")) as unknown;
@@ -82,6 +117,8 @@ export async function resetClusterState() {
     instance.sticky.clear();
     instance.prefixIndex.prefill.clear();
     instance.prefixIndex.decode.clear();
+    instance.recent.clear();
+    instance.signals.clear();
     instance.cluster = null;
   });
 }

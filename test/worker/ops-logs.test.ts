@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { chat, putCluster, resetSim } from "./helpers";
-import { bearer, call, KEY } from "./ops-helpers";
+import { bearer, call, eventually, KEY } from "./ops-helpers";
 
 describe("request logs", () => {
   afterEach(() => vi.restoreAllMocks());
@@ -35,9 +35,13 @@ describe("request logs", () => {
     });
     expect(refused.status).toBe(401);
     await refused.text();
-    await new Promise((r) => setTimeout(r, 50));
 
-    const requests = lines.map((l) => JSON.parse(l)).filter((e) => e.event === "request");
+    // one line each (written when the request ended; waited for, not slept on)
+    const requests = await eventually(async () => {
+      const found = lines.map((l) => JSON.parse(l)).filter((e) => e.event === "request" && String(e.requestId).startsWith("log-test-"));
+      expect(found.map((e) => e.requestId).sort()).toEqual(["log-test-1", "log-test-2"]);
+      return found;
+    });
     const routed = requests.find((e) => e.requestId === "log-test-1");
     expect(routed).toMatchObject({ route: "/v1/chat/completions", status: 200, prefill: "p0", decode: "d0", outcome: "ok" });
     expect(typeof routed.totalMs).toBe("number");

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { keyLabel } from "../../src/auth/digest";
 import { renderMetrics } from "../../src/observability/prometheus";
 import { chat, putCluster, putRawCluster, resetSim } from "./helpers";
-import { ADMIN, bearer, call, eventually, KEY, metricsText, METRICS, seriesValue } from "./ops-helpers";
+import { ADMIN, bearer, call, eventually, KEY, LIMITED_KEY, metricsText, METRICS, seriesValue } from "./ops-helpers";
 
 describe("Prometheus text renderer", () => {
   it("writes HELP/TYPE lines, escapes label values and renders cumulative histogram buckets", () => {
@@ -116,6 +116,72 @@ describe("GET /metrics", () => {
     });
     expect(v(after, 'pd_router_route_decisions_total{role="decode",rule="round_robin"}')).toBeGreaterThan(0);
     expect(after).not.toContain(KEY);
+  });
+
+  it("counts every refusal before routing: 413 body too large, 429 rate limited, 431 header too large", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+    });
+    const before = await metricsText();
+    const v = (text: string, s: string) => seriesValue(text, s) ?? 0;
+    const json = { ...bearer(KEY), "content-type": "application/json" };
+
+    // 10 MB is the default MAX_BODY_BYTES
+    const huge = JSON.stringify(chat("x".repeat(10 * 1024 * 1024)));
+    const tooLarge = await call("/v1/chat/completions", { method: "POST", headers: json, body: huge });
+    expect(tooLarge.status).toBe(413);
+    await tooLarge.arrayBuffer();
+    const longHeader = await call("/v1/models", { headers: { authorization: `Bearer ${"k".repeat(5000)}` } });
+    expect(longHeader.status).toBe(431);
+    await longHeader.arrayBuffer();
+    // LIMITED_KEY's budget (40 a minute in this project) runs out
+    let limited = 0;
+    // (the window is fixed: a boundary may reset the count once)
+    for (let i = 0; i < 120 && limited === 0; i++) {
+      const res = await call("/v1/models", { headers: bearer(LIMITED_KEY) });
+      if (res.status === 429) limited++;
+      else expect(res.status).toBe(200);
+      await res.arrayBuffer();
+    }
+    expect(limited).toBe(1);
+
+    await eventually(async () => {
+      const text = await metricsText();
+      const grew = (s: string) => v(text, s) - v(before, s);
+      expect(grew('pd_router_requests_total{route="/v1/chat/completions",status="413"}')).toBe(1);
+      expect(grew('pd_router_requests_total{route="/v1/models",status="431"}')).toBe(1);
+      expect(grew('pd_router_requests_total{route="/v1/models",status="429"}')).toBe(1);
+    });
+  });
+
+  it("counts the estimated prompt tokens of open decode streams per node, and none once they end", async () => {
+    await resetSim();
+    await putCluster({
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
+    // the lease's estimate: the body's characters / 4, rounded up
+    const body = JSON.stringify(chat(`a prompt of some length ${"words ".repeat(100)}`, { stream: true, max_tokens: 300 }));
+    const controller = new AbortController();
+    const res = await call("/v1/chat/completions", { method: "POST", headers: { ...bearer(KEY), "content-type": "application/json" }, body, signal: controller.signal });
+    expect(res.status).toBe(200);
+    const reader = res.body!.getReader();
+    await reader.read();
+    const open = await metricsText();
+    expect(seriesValue(open, 'pd_router_node_inflight_tokens{node="slow"}')).toBe(Math.ceil(body.length / 4));
+    expect(seriesValue(open, 'pd_router_node_inflight_tokens{node="p0"}')).toBe(0);
+    controller.abort();
+    await reader.cancel().catch(() => undefined);
+    await eventually(async () => expect(seriesValue(await metricsText(), 'pd_router_node_inflight_tokens{node="slow"}')).toBe(0), 5000);
   });
 
   it("reports an invalid stored document as pd_router_config_valid 0", async () => {

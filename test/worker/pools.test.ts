@@ -9,6 +9,26 @@ const pool = (name: string) => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromNam
 describe("independent node pools", () => {
   beforeEach(resetSim);
 
+  it("a dry run that is a pool object's first call still lists the pool's nodes", async () => {
+    // A model set no other test uses: its pool's object has never seen a document. /v1/route asks
+    // the object for its decision and its snapshot at once, and nothing makes the decision (which
+    // hands the object the document) land first.
+    for (const round of [1, 2, 3]) {
+      const model = `first-call-model-${round}`;
+      await putCluster({
+        protocol: "vllm",
+        nodes: [
+          { id: "p0", role: "prefill", models: ["sim-model"] },
+          { id: "d0", role: "decode", models: ["sim-model"] },
+          { id: "c0", role: "both", models: [model] },
+          { id: "c1", role: "both", models: [model] },
+        ],
+      });
+      const explained: any = await (await post("/v1/route", chat("x", { model }))).json();
+      expect(explained.nodes.map((n: { id: string }) => n.id).sort()).toEqual(["c0", "c1"]);
+    }
+  });
+
   it("route each model through its pool's own object, and /metrics shows every node", async () => {
     await putCluster({
       protocol: "vllm",

@@ -1,10 +1,36 @@
 import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
-import { inject } from "vitest";
+import { afterAll, beforeAll, inject } from "vitest";
 import type { MetricsMode } from "../support/metrics-front";
 
-// Nodes with a steerable /metrics (test/signals-global-setup.ts) and the cluster around them.
+// Nodes with a steerable /metrics (test/signals-global-setup.ts) and the cluster around them:
+// each test file that imports this gets a rig of its own for its whole run.
 
-export const signalsRig = () => inject("signals");
+interface SignalsRig {
+  id: string;
+  controlUrl: string;
+  simControlUrl: string;
+  nodes: Record<string, string>;
+}
+
+let rig: SignalsRig | null = null;
+
+beforeAll(async () => {
+  const res = await fetch(`${inject("signalsFactory")}/rigs`, { method: "POST" });
+  if (!res.ok) throw new Error(`could not start this file's signals rig: ${res.status} ${await res.text()}`);
+  rig = (await res.json()) as SignalsRig;
+});
+
+afterAll(async () => {
+  if (!rig) return;
+  const { id } = rig;
+  rig = null;
+  await (await fetch(`${inject("signalsFactory")}/rigs/${id}`, { method: "DELETE" })).arrayBuffer();
+});
+
+export const signalsRig = (): SignalsRig => {
+  if (!rig) throw new Error("no signals rig yet: signalsRig() runs before the file's beforeAll");
+  return rig;
+};
 export const nodeUrl = (id: string) => signalsRig().nodes[id]!;
 
 export async function setMetrics(id: string, mode: MetricsMode): Promise<void> {

@@ -1,5 +1,5 @@
 import { SELF } from "cloudflare:test";
-import { beforeAll, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { chat, post, putCluster, putRawCluster, resetSim } from "./helpers";
 
 const cluster = {
@@ -106,14 +106,51 @@ describe("GET /v1/models and /healthz", () => {
 });
 
 describe("the cluster document: invalid ones never take the router down", () => {
+  afterEach(() => vi.restoreAllMocks());
+
+  /** The config series of /metrics (open in this project: no METRICS_TOKEN). */
+  async function configSeries() {
+    const text = await (await SELF.fetch("http://router/metrics")).text();
+    const value = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1]);
+    return {
+      valid: value("pd_router_config_valid"),
+      stale: value("pd_router_config_stale"),
+      problems: value("pd_router_config_problems"),
+      serving: value("pd_router_config_serving"),
+    };
+  }
+
   it("keeps serving the last valid document and reports the bad field", async () => {
     await putCluster(cluster);
     expect((await post("/v1/chat/completions", chat("before"))).status).toBe(200);
+    expect(await configSeries()).toEqual({ valid: 1, stale: 0, problems: 0, serving: 1 });
+    const warnings: string[] = [];
+    vi.spyOn(console, "warn").mockImplementation((...args: unknown[]) => void warnings.push(args.map(String).join(" ")));
+    const invalid = (): Array<{ path: string; message: string }> =>
+      warnings
+        .map((l) => JSON.parse(l))
+        .filter((e) => e.event === "config_invalid")
+        .flatMap((e) => e.problems);
+
     await putRawCluster(JSON.stringify({ nodes: [{ id: "p0", url: "ftp://10.0.0.1", role: "prefill" }] }));
     const res = await post("/v1/chat/completions", chat("after"));
     expect(res.status).toBe(200);
     expect(res.headers.get("x-pd-decode")).toBe("d0");
+    // the log names the field, and /metrics says an older document serves
+    expect(invalid().map((p) => p.path)).toContain("nodes[0].url");
+    const stale = await configSeries();
+    expect(stale).toMatchObject({ valid: 0, stale: 1, serving: 1 });
+    expect(stale.problems).toBe(new Set(invalid().map((p) => `${p.path}: ${p.message}`)).size);
+
+    warnings.length = 0;
     await putRawCluster("{ this is not json");
     expect((await post("/v1/chat/completions", chat("still"))).status).toBe(200);
+    expect(invalid()).toEqual([{ path: "(document)", message: expect.stringMatching(/JSON/i) }]);
+    expect(await configSeries()).toEqual({ valid: 0, stale: 1, problems: 1, serving: 1 });
+
+    // a valid document again: nothing stale any more
+    await putCluster(cluster);
+    expect((await post("/v1/chat/completions", chat("fixed"))).status).toBe(200);
+    expect(await configSeries()).toEqual({ valid: 1, stale: 0, problems: 0, serving: 1 });
   });
 });

@@ -65,15 +65,30 @@ describe("vllm protocol: P then D with kv_transfer_params", () => {
     await expectNoLoad();
   });
 
-  it("reports cached_tokens from P in a non-streamed answer", async () => {
+  it("reports cached_tokens from P in a non-streamed answer, not D's", async () => {
+    // D reports every prompt token as cached (the KV it pulled counts: sim/engine.mjs, as vLLM's
+    // num_cached_tokens includes external tokens), so an answer passed on unrewritten says so.
     const long = "The same long system prompt. ".repeat(400);
-    await post("/v1/chat/completions", chat(long)).then((r) => r.text());
+    /** What P computed for the request it received last. */
+    const prefillRecord = async () => {
+      const upstreamId = (await received("p0")).at(-1)!.headers["x-request-id"]!;
+      return (await control("/engines/p0/request-stats"))[upstreamId] as { promptTokens: number; cachedTokens: number };
+    };
+    const cold = await post("/v1/chat/completions", chat(long));
+    const coldUsage = ((await cold.json()) as any).usage;
+    expect((await prefillRecord()).cachedTokens).toBe(0);
+    expect(coldUsage.prompt_tokens_details?.cached_tokens ?? 0).toBe(0);
+
     const res = await post("/v1/chat/completions", chat(long));
     expect(res.status).toBe(200);
     const json: any = await res.json();
     expect(json.object).toBe("chat.completion");
-    // P served the second prefill from its prefix cache; D received the KV and computed nothing itself.
-    expect(json.usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(0);
+    // P served the second prefill from its prefix cache, all but the last, partial block
+    const p = await prefillRecord();
+    expect(p.cachedTokens).toBeGreaterThan(0);
+    expect(p.cachedTokens).toBeLessThan(p.promptTokens);
+    expect(json.usage.prompt_tokens_details.cached_tokens).toBe(p.cachedTokens);
+    expect(json.usage.prompt_tokens).toBe(p.promptTokens);
     await expectNoLoad();
   });
 
