@@ -483,10 +483,13 @@ export async function startEngine(options) {
    * @param {string[]} o.hashes @param {number} o.tokens @param {number} o.maxTokens
    * @param {Partial<RequestStats>} [o.rec] filled with this request's figures
    * @param {string} [o.source] remote: the engine the KV comes from
+   * @param {() => Promise<string>} [o.awaitSource] remote: resolves with the engine the KV comes
+   *   from once its prefill is there (SGLang rooms, Mooncake transfers: the decode node takes the
+   *   blocks when the request arrives and waits for P); rejecting fails the request
    * @param {boolean} [o.hold] prefill: keep the blocks for a handle
    * @returns {Sequence}
    */
-  function submit(seqKind, { hashes, tokens, maxTokens, rec, source, hold }) {
+  function submit(seqKind, { hashes, tokens, maxTokens, rec, source, awaitSource, hold }) {
     const seq = new Sequence({
       kind: seqKind,
       hashes,
@@ -495,8 +498,13 @@ export async function startEngine(options) {
       hold,
       load:
         seqKind === 'remote'
-          ? async (missing) => {
-              const r = await time.fabric.transfer(source ?? '', id, missing * figures.kvBytesPerToken);
+          ? async (missing, s) => {
+              const from = awaitSource ? await awaitSource() : (source ?? '');
+              if (awaitSource) {
+                const misses = countLocalityMisses(hashes.slice(s.hitUnits), from);
+                if (rec) Object.assign(rec, { localityMissBlocks: misses, remoteEngineId: from });
+              }
+              const r = await time.fabric.transfer(from, id, missing * figures.kvBytesPerToken);
               if (rec) rec.transferMs = r.ms;
               return r;
             }
@@ -507,7 +515,8 @@ export async function startEngine(options) {
         stats.cachedTokens += s.cachedTokens;
         stats.blocksLookedUp += hashes.length;
         stats.blocksHit += hit;
-        const misses = countLocalityMisses(hashes.slice(hit), source);
+        // a decode node waiting for its P counts its locality misses once it knows which P
+        const misses = awaitSource ? 0 : countLocalityMisses(hashes.slice(hit), source);
         if (rec) Object.assign(rec, { promptTokens: tokens, cachedTokens: s.cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses });
         if (seqKind !== 'remote') return;
         // D pulls only what it does not hold (vLLM's local prefix hit on the decode node)
@@ -541,19 +550,24 @@ export async function startEngine(options) {
     return { seq, queueMs, prefillMs, cachedTokens: seq.cachedTokens };
   }
 
-  /** The error a refused sequence gets. @param {http.ServerResponse} res @param {Sequence} seq */
+  /**
+   * The error a refused or failed sequence gets: JSON before any byte went out, else (a stream
+   * whose headers are out) an error event, as vLLM and SGLang stream errors.
+   * @param {http.ServerResponse} res @param {Sequence} seq
+   */
   function refuse(res, seq) {
     if (seq.error === 'too_long') {
       // vLLM checks the prompt against max_model_len, which its KV cache can always hold
-      return sendError(
-        res,
-        400,
-        `This model's maximum context length is ${figures.numGpuBlocks * figures.blockSize} tokens. However, you requested ${seq.promptTokens} tokens.`,
-        'BadRequestError',
-      );
+      const message = `This model's maximum context length is ${figures.numGpuBlocks * figures.blockSize} tokens. However, you requested ${seq.promptTokens} tokens.`;
+      return sendError(res, 400, message, 'BadRequestError');
     }
     stats.errors++;
-    return sendError(res, 500, `simulated engine failed: ${seq.error ?? 'aborted'}`, 'server_error');
+    const status = seq.errorStatus ?? 500;
+    const message = seq.error ?? 'aborted';
+    const type = /KVTransferError/.test(message) ? 'InternalServerError' : 'server_error';
+    if (!res.headersSent) return sendError(res, status, message, type);
+    if (res.destroyed) return;
+    res.end(`data: ${JSON.stringify({ error: { message, type, param: null, code: status } })}\n\ndata: [DONE]\n\n`);
   }
 
   /**
@@ -562,8 +576,9 @@ export async function startEngine(options) {
    * @param {Ctx} ctx
    * The first word of each choice is a digest of the prompt whose KV the answer was computed on
    * (`promptDigest`), so a test can tell an answer that belongs to another prompt.
-   * @param {{ seq: Sequence, upstreamMs: number, usage: object | (() => object), recordLatency: boolean, digests: string[], rec?: Partial<RequestStats> }} gen
-   *   upstreamMs: simulated ms before this engine got the request that belong to its TTFT (its P's queue and prefill)
+   * @param {{ seq: Sequence, upstreamMs: number, source?: { upstreamMs: number, readyAt: number }, usage: object | (() => object), recordLatency: boolean, digests: string[], rec?: Partial<RequestStats> }} gen
+   *   upstreamMs: simulated ms before this engine got the request that belong to its TTFT (its P's queue and prefill);
+   *   source: a decode leg that waited here for its P: P's queue and prefill, and when P's KV was ready (this engine's clock)
    */
   async function generate(res, ctx, gen) {
     const { chat, stream, model } = ctx;
@@ -589,7 +604,7 @@ export async function startEngine(options) {
     for (let i = 0; i < outputTokens; i++) {
       const token = await seq.next();
       if (!token) {
-        if (seq.state === 'failed' && !res.headersSent) return refuse(res, seq);
+        if (seq.state === 'failed' && !ctx.closed) return refuse(res, seq);
         if (!res.destroyed && res.headersSent) res.destroy();
         return;
       }
@@ -637,7 +652,11 @@ export async function startEngine(options) {
     // TTFT as the engines account it: the P's queue and prefill, then this engine's wait, KV pull
     // and first step (the router's own time between the legs is not in it)
     const usage = typeof gen.usage === 'function' ? gen.usage() : gen.usage;
-    const ttftMs = gen.upstreamMs + (seq.firstTokenAt - seq.arrival);
+    // a leg that waited for its P: its own span, which covers P when both share a clock, and at
+    // least P's queue and prefill plus what followed P here (engines on different clocks)
+    const ttftMs = gen.source
+      ? Math.max(seq.firstTokenAt - seq.arrival, gen.source.upstreamMs + (seq.firstTokenAt - gen.source.readyAt))
+      : gen.upstreamMs + (seq.firstTokenAt - seq.arrival);
     const tpotMs = outputTokens > 1 ? (seq.finishedAt - seq.firstTokenAt) / (outputTokens - 1) : NaN;
     if (gen.recordLatency) {
       sample(stats.ttftMs, ttftMs);
@@ -647,7 +666,7 @@ export async function startEngine(options) {
       Object.assign(gen.rec, {
         ttftMs,
         tpotMs,
-        e2eMs: gen.upstreamMs + (seq.finishedAt - seq.arrival),
+        e2eMs: ttftMs + (seq.finishedAt - seq.firstTokenAt),
         kvWaitMs: seq.kvWaitMs,
         queueMs: seq.admittedAt - seq.arrival,
         outputTokens,
@@ -953,35 +972,37 @@ export async function startEngine(options) {
           });
         }
         stats.requests.sglangDecode++;
-        const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
-        if (ctx.closed) return;
-        if (!found) {
-          stats.errors++;
-          return sendError(res, 504, `bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
-        }
-        if (found.aborted) {
-          stats.errors++;
-          const message = `KVTransferError(bootstrap_room=${room}): Aborted by AbortReq`;
-          if (!ctx.stream) return sendError(res, 500, message, 'InternalServerError');
-          // sglang serving_*: the stream generator yields create_streaming_error_response(...)
-          sseHeaders(res);
-          res.end(`data: ${JSON.stringify({ error: { message, type: 'InternalServerError', param: null, code: 500 } })}\n\ndata: [DONE]\n\n`);
-          return;
-        }
-        if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
-          violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
-          stats.errors++;
-          return sendError(res, 502, `bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`, 'server_error');
-        }
         rec.leg = 'sglangDecode';
-        const kvDigest = found.digest ?? digest;
-        if (kvDigest !== digest) stats.foreignHandleReads++;
+        // SGLang's decode node takes a request into its PreallocQueue at once: it reserves the KV
+        // blocks, then the prefill's sender fills them (srt/disaggregation/decode.py)
+        const digests = prompts.map(promptDigest);
+        const source = { upstreamMs: 0, readyAt: 0 };
+        const seq = submit('remote', {
+          hashes,
+          tokens,
+          maxTokens,
+          rec,
+          awaitSource: async () => {
+            const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
+            if (!found) throw Object.assign(new Error(`bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
+            if (found.aborted) throw Object.assign(new Error(`KVTransferError(bootstrap_room=${room}): Aborted by AbortReq`), { status: 500 });
+            if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
+              violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
+              throw Object.assign(new Error(`bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`), { status: 502 });
+            }
+            digests[0] = found.digest ?? digest;
+            if (digests[0] !== digest) stats.foreignHandleReads++;
+            Object.assign(source, { upstreamMs: found.queueMs + found.prefillMs, readyAt: time.clock.now() });
+            return found.engineId;
+          },
+        });
         return await generate(res, ctx, {
-          seq: submit('remote', { hashes, tokens, maxTokens, rec, source: found.engineId }),
-          upstreamMs: found.queueMs + found.prefillMs,
+          seq,
+          upstreamMs: 0,
+          source,
           usage: usageOf(tokens, maxTokens, tokens),
           recordLatency: true,
-          digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+          digests,
           rec,
         });
       }
@@ -1031,25 +1052,37 @@ export async function startEngine(options) {
             violation(`mooncake decode leg names remote_engine_id ${kv.remote_engine_id}, ${kv.remote_bootstrap_addr} serves ${source.mooncakeEngineId}`);
             return sendError(res, 500, `KV transfer failed: engine ${kv.remote_engine_id} is not registered at ${kv.remote_bootstrap_addr}`, 'server_error');
           }
-          const found = await waitTransfer(registry, `${source.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
-          if (ctx.closed) return;
-          if (!found) {
-            stats.errors++;
-            return sendError(res, 504, `transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
-          }
-          const h = registry.handles.get(`mc/${source.id}/${kv.transfer_id}`);
-          let kvDigest = found.digest;
-          if (h?.state !== 'held') {
-            stats.staleHandleReads++;
-            kvDigest = promptDigest(`stale:${kv.transfer_id}`);
-          } else h.free('read');
-          if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
+          // vLLM schedules the request at once: it takes the blocks (WAITING_FOR_REMOTE_KVS) and
+          // its worker pulls them once P has them (mooncake_connector.py)
+          const digests = prompts.map(promptDigest);
+          const from = source;
+          const ready = { upstreamMs: 0, readyAt: 0 };
           return await generate(res, ctx, {
-            seq: submit('remote', { hashes, tokens, maxTokens, rec, source: source.id }),
-            upstreamMs: found.queueMs + found.prefillMs,
+            seq: submit('remote', {
+              hashes,
+              tokens,
+              maxTokens,
+              rec,
+              awaitSource: async () => {
+                const found = await waitTransfer(registry, `${from.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
+                if (!found) throw Object.assign(new Error(`transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
+                const h = registry.handles.get(`mc/${from.id}/${kv.transfer_id}`);
+                let kvDigest = found.digest;
+                if (h?.state !== 'held') {
+                  stats.staleHandleReads++;
+                  kvDigest = promptDigest(`stale:${kv.transfer_id}`);
+                } else h.free('read');
+                if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
+                digests[0] = kvDigest;
+                Object.assign(ready, { upstreamMs: found.queueMs + found.prefillMs, readyAt: time.clock.now() });
+                return from.id;
+              },
+            }),
+            upstreamMs: 0,
+            source: ready,
             usage: usageOf(tokens, maxTokens, tokens),
             recordLatency: true,
-            digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+            digests,
             rec,
           });
         }

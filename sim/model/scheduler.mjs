@@ -69,6 +69,8 @@ export class Sequence {
     this.alloc = undefined;
     /** @type {string | undefined} why it failed */
     this.error = undefined;
+    /** @type {number | undefined} the HTTP status its failure maps to */
+    this.errorStatus = undefined;
     /** @type {TokenEvent[]} */
     this.buffer = [];
     /** @type {((e: TokenEvent | null) => void) | undefined} */
@@ -364,10 +366,11 @@ export class EngineCore {
             this.running.push(seq);
             this.kick();
           },
-          () => {
+          (/** @type {any} */ e) => {
             if (seq.state !== 'loading') return;
             this.loading.delete(seq);
-            seq.error = 'kv_transfer_failed';
+            seq.error = e instanceof Error ? e.message : 'kv_transfer_failed';
+            seq.errorStatus = typeof e?.status === 'number' ? e.status : undefined;
             memory.release(alloc);
             seq.end('failed');
           },
