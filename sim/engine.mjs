@@ -505,7 +505,7 @@ export async function startEngine(options) {
                 if (rec) Object.assign(rec, { localityMissBlocks: misses, remoteEngineId: from });
               }
               const r = await time.fabric.transfer(from, id, missing * figures.kvBytesPerToken);
-              if (rec) rec.transferMs = r.ms;
+              if (rec) Object.assign(rec, { transferMs: r.ms, transferBytes: r.bytes, crossGroup: r.crossGroup });
               return r;
             }
           : undefined,
@@ -669,6 +669,8 @@ export async function startEngine(options) {
         e2eMs: ttftMs + (seq.finishedAt - seq.firstTokenAt),
         kvWaitMs: seq.kvWaitMs,
         queueMs: seq.admittedAt - seq.arrival,
+        // this engine's own part of the TTFT: its wait, the KV pull, its first step
+        decodeFirstTokenMs: seq.firstTokenAt - (gen.source ? Math.max(seq.arrival, gen.source.readyAt) : seq.arrival),
         outputTokens,
         preemptions: seq.preemptions,
       });

@@ -166,14 +166,14 @@ export const PRESETS = {
     model: 'qwen3-14b',
     // assumed: a large-GEMM prefill on Hopper reaches about half the dense peak
     mfu: 0.5,
-    // calibrated: the 1P+1D isolation baseline's ITL p99 (23.6 ms, seed 000); see docs/simulator.md
-    mbu: 0.6,
+    // calibrated: P+D affinity's TPOT p99 (22.8 ms, seed 000); see docs/simulator.md
+    mbu: 0.55,
     stepOverheadMs: 2,
     perSeqMs: 0,
     ...VLLM_DEFAULTS,
     nonKvReserveBytes: 4 * GiB,
-    // calibrated: round-robin ITL p99 (85.2 ms, seed 000); see docs/simulator.md
-    ingestHbmShare: 0.012,
+    // calibrated: round-robin's ITL p99 (85.2 ms, seed 000); see docs/simulator.md
+    ingestHbmShare: 0.0025,
     // assumed: a transfer's handshake and completion notification
     fabric: { setupMs: 1, crossGroupShare: 0.5, crossGroupLatencyMs: 2 },
     notes: 'seed 000: 2P+2D, H200, 400G IB per GPU, Qwen3-14B bf16',
@@ -181,16 +181,16 @@ export const PRESETS = {
   seed002: {
     hardware: 'h20',
     model: 'qwen3-coder-30b-a3b',
-    // assumed: MoE prefill GEMMs are smaller than a dense model's; a third of the peak
-    mfu: 0.35,
-    // from seed 000's calibration (same software stack)
-    mbu: 0.6,
+    // assumed, as for seed 000: a prefill reaches about half the dense peak
+    mfu: 0.5,
+    // seed 000's calibration (the same software stack)
+    mbu: 0.55,
     stepOverheadMs: 2,
     perSeqMs: 0,
     ...VLLM_DEFAULTS,
     nonKvReserveBytes: 4 * GiB,
     // seed 000's calibration, as a share of this GPU's HBM bandwidth
-    ingestHbmShare: 0.012,
+    ingestHbmShare: 0.0025,
     fabric: { setupMs: 1, crossGroupShare: 0.5, crossGroupLatencyMs: 2 },
     notes: 'seed 002: 8 x H20 96 GB, 4 x 200 Gb/s, vLLM + Mooncake, Qwen3-Coder-30B-A3B',
   },
