@@ -1,6 +1,7 @@
 // The figures the seeds published (issue 16), which the scenarios reproduce on the simulator.
 // Each comparison is a ratio between two configurations of the same run; the scenarios report
-// ours beside it (bench/lib/seed-compare.mjs).
+// ours beside it.
+import { markdownTable } from './report.mjs';
 
 /** Seed 000: prefix-affinity P/D, 2P+2D on 4 x H200, 400G IB per GPU, Qwen3-14B bf16. */
 export const SEED000 = {
@@ -38,11 +39,21 @@ export function compareRatio(what, publishedA, publishedB, oursA, oursB, toleran
   const published = publishedA / publishedB;
   const ours = oursA / oursB;
   const sameDirection = Math.sign(published - 1) === Math.sign(ours - 1) || (Math.abs(published - 1) < 0.02 && Math.abs(ours - 1) < 0.05);
-  const within = Number.isFinite(ours) && Math.abs(ours / published - 1) <= tolerance;
+  // a ratio pointing the other way is not "within" however close its size
+  const within = sameDirection && Number.isFinite(ours) && Math.abs(ours / published - 1) <= tolerance;
   return { what, published: round2(published), ours: round2(ours), sameDirection, within };
 }
 
 /** @param {number} x */
 function round2(x) {
   return Number.isFinite(x) ? Math.round(x * 100) / 100 : x;
+}
+
+/** @param {ReturnType<typeof compareRatio>[]} comparisons */
+export function comparisonsTable(comparisons) {
+  if (comparisons.length === 0) return '';
+  return markdownTable(
+    ['comparison', 'published', 'ours', 'same direction', 'within ±35%'],
+    comparisons.map((c) => [c.what, `${c.published}x`, `${c.ours}x`, c.sameDirection ? 'yes' : 'NO', c.within ? 'yes' : 'no']),
+  );
 }

@@ -24,7 +24,7 @@ import { AGENTIC_SEED, agenticProfile, agenticTrace } from '../lib/agentic-trace
 import { startStack } from '../lib/harness.mjs';
 import { postJson } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
-import { SEED002, compareRatio } from '../lib/seeds.mjs';
+import { SEED002, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { promptOfTraceRequest } from '../lib/trace.mjs';
 
@@ -255,15 +255,6 @@ export function agenticComparisons(results) {
   pair('colocated-8/cache_aware', 'colocated-8/round_robin', 'hitRatio', 'APC: colocated cache-aware / round-robin');
   pair('colocated-8/cache_aware', 'pd-4p4d/cache_aware', 'hitRatio', 'APC: colocated cache-aware / PD 4P+4D');
   return out;
-}
-
-/** @param {ReturnType<typeof compareRatio>[]} comparisons */
-function comparisonsTable(comparisons) {
-  if (comparisons.length === 0) return '';
-  return markdownTable(
-    ['comparison', 'published', 'ours', 'same direction', 'within ±35%'],
-    comparisons.map((c) => [c.what, `${c.published}x`, `${c.ours}x`, c.sameDirection ? 'yes' : 'NO', c.within ? 'yes' : 'no']),
-  );
 }
 
 /** @param {ReturnType<typeof agenticProfile>} p */

@@ -14,7 +14,7 @@ import { engineOverrides, listOption, numberOption } from '../lib/args.mjs';
 import { startStack } from '../lib/harness.mjs';
 import { postJsonRetrying, createAgent } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
-import { SEED000, compareRatio } from '../lib/seeds.mjs';
+import { SEED000, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { seededText } from '../lib/text.mjs';
 
@@ -319,15 +319,6 @@ export function multiturnComparisons(results) {
     );
   }
   return out;
-}
-
-/** @param {ReturnType<typeof compareRatio>[]} comparisons */
-export function comparisonsTable(comparisons) {
-  if (comparisons.length === 0) return '';
-  return markdownTable(
-    ['comparison', 'published', 'ours', 'same direction', 'within ±35%'],
-    comparisons.map((c) => [c.what, `${c.published}x`, `${c.ours}x`, c.sameDirection ? 'yes' : 'NO', c.within ? 'yes' : 'no']),
-  );
 }
 
 /** @param {Record<string, any>[]} results */

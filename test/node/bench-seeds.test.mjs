@@ -84,8 +84,9 @@ describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
       expect(r.decodeKvPeak).toBeLessThanOrEqual(1);
       expect(r.kvWaitShare).toBeLessThanOrEqual(1);
     }
-    expect(by['pd-6p2d/cache_aware'].decodeKvPeak).toBeGreaterThan(by['pd-4p4d/cache_aware'].decodeKvPeak);
-    expect(by['pd-6p2d/cache_aware'].decodeKvMean).toBeGreaterThan(by['pd-4p4d/cache_aware'].decodeKvMean);
+    // half the decode nodes hold the same requests' KV: about twice the use over the run (the peak
+    // alone depends on which long prompts happen to overlap)
+    expect(by['pd-6p2d/cache_aware'].decodeKvMean).toBeGreaterThan(by['pd-4p4d/cache_aware'].decodeKvMean * 1.3);
     expect(by['colocated-8/cache_aware'].hitRatio).toBeGreaterThan(by['colocated-8/round_robin'].hitRatio);
     expect(report.skipped.map((s) => s.name)).toEqual(['pd-4p4d/conditional', 'both-8/conditional']);
   });
