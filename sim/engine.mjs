@@ -1621,24 +1621,6 @@ export function promptsOf(body, chat) {
   return one === undefined ? [] : [one];
 }
 
-/** @param {string} a @param {string} b */
-/**
- * Sleep simulated ms. Sub-millisecond debts are carried so that many tiny steps still add up to
- * the right real time; in between we only yield, which still lets each chunk flush.
- * @param {{ debt: number }} clock @param {number} simMs @param {number} timeScale
- */
-export async function sleepSimulated(clock, simMs, timeScale) {
-  if (timeScale <= 0 || simMs <= 0) return;
-  clock.debt += simMs * timeScale;
-  if (clock.debt >= 1) {
-    const ms = Math.floor(clock.debt);
-    clock.debt -= ms;
-    await sleepReal(ms);
-  } else {
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-}
-
 /**
  * The prompt as text (chat messages rendered `role: content`, one a line) or token ids.
  * @param {any} body @param {boolean} chat

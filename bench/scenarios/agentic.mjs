@@ -56,7 +56,7 @@ export function agenticConfig(options) {
     seed: numberOption(options, 'seed', AGENTIC_SEED),
     // sessions a simulated second; calibrated (docs/simulator.md)
     sessionsPerS: numberOption(options, 'sessions-per-s', 1),
-    timeScale: numberOption(options, 'time-scale', quick ? 0.02 : 0.05),
+    timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.05),
     preset: stringOption(options, 'preset', 'seed002'),
     configsFile: stringOption(options, 'configs'),
     only: only ? only.split(',').map((s) => s.trim()) : undefined,
