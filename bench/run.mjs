@@ -10,6 +10,7 @@ import { barChartSvg } from './lib/svg.mjs';
 
 const SCENARIOS = {
   multiturn: () => import('./scenarios/multiturn.mjs').then((m) => m.runMultiturn),
+  agentic: () => import('./scenarios/agentic.mjs').then((m) => m.runAgentic),
   trace: () => import('./scenarios/trace.mjs').then((m) => m.runTrace),
   overhead: () => import('./scenarios/overhead.mjs').then((m) => m.runOverhead),
   groups: () => import('./scenarios/groups.mjs').then((m) => m.runGroups),
@@ -21,7 +22,10 @@ const SCENARIOS = {
 const USAGE = `usage: npm run bench -- <scenario> [options]
 
 scenarios:
-  multiturn   2P+2D vllm, 60 conversations x 5 turns (8192 + 2048 tokens a turn, 128 out), concurrency 12
+  multiturn   seed 000 on the seed000 preset: 2P+2D vllm, 60 conversations x 5 turns (8192 + 2048 tokens a turn,
+              128 out), concurrency 12; round_robin, P affinity, P+D affinity, a 1P+1D isolation baseline
+  agentic     seed 002 on the seed002 preset: 1,000 requests of a sessioned agentic trace on 8 nodes,
+              colocated (round_robin, cache_aware) and PD 4P+4D / 6P+2D (bench/scenarios/agentic-configs.json)
   trace       --trace FILE --nodes N [--cache-blocks 5000] [--protocol colocated|vllm] [--limit K] [--concurrency 16]
   overhead    router vs direct TTFB and throughput at concurrency 1,16,64; Worker memory with 1000 slow streams
   groups      2 groups x (2P+2D), affinity; --policy lists pdGroup modes (off,prefer,strict)
@@ -38,6 +42,9 @@ common options:
   --runtime workerd|wrangler   workerd via Miniflare (default), or under \`wrangler dev\`
   --src COMMIT         build the Worker from a commit (e.g. HEAD) instead of the working tree
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
+            --config round_robin,p_affinity,pd_affinity,cache_aware,isolation_1p1d --quick
+agentic:    --requests 1000 --sessions-per-s 1 --seed 30 --config NAME,... --configs FILE --quick
+both:       --preset seed000|seed002|default --engine key=value,... (engine options over the preset)
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3

@@ -1,8 +1,26 @@
 // Several simulated engines in one Node process, sharing one registry (locality misses,
-// SGLang rendezvous), plus a control HTTP server so tests running inside workerd, which can
-// only speak HTTP, can read what engines received and inject faults.
+// SGLang rendezvous, the simulated clock and the network links), plus a control HTTP server so
+// tests running inside workerd, which can only speak HTTP, can read what engines received and
+// inject faults.
+//
+// Control routes:
+//   GET  /engines, /stats, /request-stats         every engine's list, stats, figures per x-request-id
+//   POST /reset                                   restart stopped engines, clear every engine's state
+//   POST /options                                 tunable options for every engine (engine.mjs TUNABLE_OPTIONS)
+//   GET  /engines/:id/(stats|requests|request-stats|options)
+//   POST /engines/:id/(fault|options|stop|start|reset|metrics-fault)
+//
+// POST /engines/:id/metrics-fault (test-only, for the router's engine-signal tests) changes what
+// the engine's GET /metrics answers; /reset and the engine's reset clear it:
+//   { "mode": "none" }                         the model's real series
+//   { "mode": "override", "values": { "kvUsage": 0.95, "waiting": 3, "running": 10 } }
+//                                              the real series, these values replacing the model's
+//   { "mode": "slow", "delayMs": 5000 }        the real series after delayMs (real ms)
+//   { "mode": "huge", "bytes": 10000000 }      `bytes` of valid-looking padding series, then the real ones
+//   { "mode": "garbage" }                      a 200 whose body is not Prometheus text
+//   { "mode": "status", "status": 401 }        that HTTP status with a JSON error
 import http from 'node:http';
-import { TUNABLE_OPTIONS, createRegistry, expectedPrefix, promptDigest, sendJson, startEngine } from './engine.mjs';
+import { STRING_OPTIONS, TUNABLE_OPTIONS, createRegistry, expectedPrefix, promptDigest, sendJson, startEngine } from './engine.mjs';
 
 export { createRegistry, expectedPrefix, promptDigest, startEngine };
 
@@ -76,6 +94,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       registry.claimedRooms.clear();
       registry.handles.clear();
       registry.transfers.clear();
+      for (const { fabric } of registry.clocks.values()) fabric.clear();
       return [200, { ok: true }];
     }
     if (method === 'POST' && path === '/options') {
@@ -85,7 +104,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       for (const e of engines.values()) e.setOptions(parsed);
       return [200, { ok: true }];
     }
-    const m = /^\/engines\/([^/]+)\/(stats|request-stats|requests|fault|options|stop|start|reset)$/.exec(path);
+    const m = /^\/engines\/([^/]+)\/(stats|request-stats|requests|fault|options|stop|start|reset|metrics-fault)$/.exec(path);
     if (!m) return bad(404, `no route ${method} ${path}`);
     const engine = engines.get(decodeURIComponent(m[1]));
     if (!engine) return bad(404, `no engine ${m[1]}`);
@@ -113,6 +132,30 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
         engine.setFault(fault);
         return [200, { ok: true }];
       }
+      case 'metrics-fault': {
+        let f;
+        try {
+          f = raw.trim() === '' ? {} : JSON.parse(raw);
+        } catch {
+          return bad(400, 'metrics fault body is not valid JSON');
+        }
+        if (!f || typeof f !== 'object' || Array.isArray(f)) return bad(400, 'metrics fault must be an object');
+        const modes = ['none', 'override', 'slow', 'huge', 'garbage', 'status'];
+        if (f.mode !== undefined && !modes.includes(f.mode)) return bad(400, `metrics fault mode must be one of ${modes.join(', ')}`);
+        for (const k of ['delayMs', 'bytes']) {
+          if (f[k] !== undefined && !(typeof f[k] === 'number' && f[k] >= 0)) return bad(400, `metrics fault ${k} must be a number >= 0`);
+        }
+        if (f.status !== undefined && !(Number.isInteger(f.status) && f.status >= 200 && f.status <= 599)) return bad(400, 'metrics fault status must be an HTTP status');
+        if (f.values !== undefined) {
+          if (!f.values || typeof f.values !== 'object' || Array.isArray(f.values)) return bad(400, 'metrics fault values must be an object');
+          for (const [k, v] of Object.entries(f.values)) {
+            if (!['kvUsage', 'waiting', 'running'].includes(k)) return bad(400, `metrics fault values.${k}: one of kvUsage, waiting, running`);
+            if (!(typeof v === 'number' && v >= 0)) return bad(400, `metrics fault values.${k} must be a number >= 0`);
+          }
+        }
+        engine.setMetricsFault(f);
+        return [200, { ok: true }];
+      }
       case 'options': {
         const parsed = parseOptions(raw);
         if (typeof parsed === 'string') return bad(400, parsed);
@@ -133,7 +176,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
     }
   }
 
-  /** @param {string} raw @returns {Record<string, number | boolean> | string} */
+  /** @param {string} raw @returns {Record<string, number | boolean | string> | string} */
   function parseOptions(raw) {
     let o;
     try {
@@ -143,7 +186,11 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
     }
     if (!o || typeof o !== 'object' || Array.isArray(o)) return 'options must be an object';
     for (const [k, v] of Object.entries(o)) {
-      if (!TUNABLE_OPTIONS.includes(k)) return `unknown option ${k}; tunable: ${TUNABLE_OPTIONS.join(', ')}`;
+      if (STRING_OPTIONS[k]) {
+        if (!STRING_OPTIONS[k].includes(v)) return `option ${k} must be one of ${STRING_OPTIONS[k].join(', ')}`;
+        continue;
+      }
+      if (!TUNABLE_OPTIONS.includes(k)) return `unknown option ${k}; tunable: ${[...TUNABLE_OPTIONS, ...Object.keys(STRING_OPTIONS)].join(', ')}`;
       if (typeof v !== 'number' && typeof v !== 'boolean') return `option ${k} must be a number or a boolean`;
       if (typeof v === 'number' && !(v >= 0)) return `option ${k} must be >= 0`;
     }
@@ -164,6 +211,7 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       server.closeAllConnections();
       await new Promise((resolve) => server.close(() => resolve(undefined)));
       await Promise.all([...engines.values()].map((e) => e.close()));
+      for (const { clock } of registry.clocks.values()) clock.close();
     },
   };
 }

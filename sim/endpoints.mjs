@@ -26,7 +26,7 @@
 //   sends them; P and D of a room meet through the cluster registry, as in the chat path.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleepReal } from 'node:timers/promises';
-import { promptOf, sleepSimulated as simSleep } from './engine.mjs';
+import { promptOf } from './engine.mjs';
 import { lowerHeaders, positiveInt, publish, readBody, sameHost, sendError, sendJson, waitFor } from './wire.mjs';
 import { chainedBlockHashes } from './prefix-cache.mjs';
 
@@ -49,6 +49,8 @@ const EMBEDDING_DIMENSIONS = 16;
  * @property {() => Required<import('./engine.mjs').Fault>} fault the engine's current fault
  * @property {(delta: number) => void} inflight
  * @property {(entry: import('./engine.mjs').RequestLogEntry & { bootstrapRooms?: string[] }) => void} record
+ * @property {(kind: 'local' | 'prefill' | 'remote', o: { hashes: string[], tokens: number, maxTokens: number, source?: string }) => import('./model/scheduler.mjs').Sequence} submit
+ *   a request into the engine's step loop (sim/model/scheduler.mjs), its figures counted on admission
  */
 
 /**
@@ -160,34 +162,28 @@ async function applyFault(req, res, hooks, ctx) {
   }
 }
 
-// ---- timing ------------------------------------------------------------------------------
+// ---- the engine model ----------------------------------------------------------------------
 
-/** real ms slept per simulated ms, and the simulated costs, with sim/engine.mjs's defaults */
+/** tokenizer and prefix-cache geometry, with sim/engine.mjs's defaults */
 function timing(options) {
   return {
-    timeScale: options.timeScale ?? 0.001,
-    prefillMsPerToken: options.prefillMsPerToken ?? 0.05,
-    decodeBaseMs: options.decodeBaseMs ?? 15,
     charsPerToken: options.charsPerToken ?? 4,
     blockTokens: options.blockTokens ?? 512,
   };
 }
 
-/** Prefill on this engine: its prefix cache tells what was held already. */
-async function prefill(hooks, text, clock) {
+/** A prompt's tokens and prefix-cache units. */
+function promptShape(hooks, text) {
   const t = timing(hooks.options);
-  const tokens = Math.max(1, Math.ceil(text.length / t.charsPerToken));
-  const hashes = chainedBlockHashes(text, t.blockTokens * t.charsPerToken);
-  const hit = hooks.engine.cache.match(hashes);
-  const cachedTokens = Math.min(tokens, hit * t.blockTokens);
-  const stats = hooks.stats();
-  stats.promptTokens += tokens;
-  stats.cachedTokens += cachedTokens;
-  stats.blocksLookedUp += hashes.length;
-  stats.blocksHit += hit;
-  await simSleep(clock, t.prefillMsPerToken * (tokens - cachedTokens), t.timeScale);
-  hooks.engine.cache.insert(hashes);
-  return { tokens, cachedTokens, hashes };
+  return { tokens: Math.max(1, Math.ceil(text.length / t.charsPerToken)), hashes: chainedBlockHashes(text, t.blockTokens * t.charsPerToken) };
+}
+
+/** Prefill on this engine through its step loop (its prefix cache tells what was held already). */
+async function prefill(hooks, text) {
+  const { tokens, hashes } = promptShape(hooks, text);
+  const seq = hooks.submit('prefill', { hashes, tokens, maxTokens: 1 });
+  await seq.finished;
+  return { tokens, cachedTokens: seq.cachedTokens, hashes, seq };
 }
 
 function word(i, seed) {
@@ -241,11 +237,12 @@ async function responses({ res, body, model, hooks, ctx }) {
   const text = responsesPromptText(body);
   const maxTokens = positiveInt(body.max_output_tokens) ?? 16;
   const kv = body.kv_transfer_params;
-  const clock = { debt: 0 };
   const t = timing(options);
 
   /** @type {{ tokens: number, cachedTokens: number }} */
   let prompt;
+  /** @type {import('./model/scheduler.mjs').Sequence} */
+  let seq;
   /** @type {object | undefined} */
   let kvOut;
   let outputTokens = maxTokens;
@@ -254,7 +251,10 @@ async function responses({ res, body, model, hooks, ctx }) {
     stats.requests.vllmPrefill++;
     if (body.stream === true) violation(stats, 'vllm responses prefill leg has stream:true');
     if (body.max_output_tokens !== 1) violation(stats, `vllm responses prefill leg has max_output_tokens:${JSON.stringify(body.max_output_tokens)}`);
-    prompt = await prefill(hooks, text, clock);
+    const p = await prefill(hooks, text);
+    ({ seq } = p);
+    prompt = p;
+    if (seq.state !== 'finished') return sendError(res, 500, `simulated engine failed: ${seq.error ?? 'aborted'}`, 'server_error');
     const totalBlocks = Math.ceil(prompt.tokens / t.blockTokens);
     outputTokens = 1;
     kvOut = {
@@ -272,21 +272,32 @@ async function responses({ res, body, model, hooks, ctx }) {
     if (typeof kv.remote_engine_id !== 'string') violation(stats, 'vllm responses decode leg without remote_engine_id');
     else if (registry.engines.size > 1 && !registry.engines.has(kv.remote_engine_id))
       violation(stats, `vllm responses decode leg names unknown remote_engine_id ${kv.remote_engine_id}`);
-    const tokens = Math.max(1, Math.ceil(text.length / t.charsPerToken));
-    stats.promptTokens += tokens;
-    stats.cachedTokens += tokens;
-    await simSleep(clock, 5 * Math.ceil(tokens / t.blockTokens), t.timeScale);
-    engine.cache.insert(chainedBlockHashes(text, t.blockTokens * t.charsPerToken));
+    const { tokens, hashes } = promptShape(hooks, text);
+    seq = hooks.submit('remote', { hashes, tokens, maxTokens, source: typeof kv.remote_engine_id === 'string' ? kv.remote_engine_id : undefined });
     prompt = { tokens, cachedTokens: tokens };
   } else {
     // colocated, or a D whose P handed over nothing (kv_transfer_params null): prefill here
     if (kv === undefined) stats.requests.colocated++;
     else stats.requests.vllmDecode++;
-    prompt = await prefill(hooks, text, clock);
+    const { tokens, hashes } = promptShape(hooks, text);
+    seq = hooks.submit('local', { hashes, tokens, maxTokens });
+    prompt = {
+      tokens,
+      get cachedTokens() {
+        return seq.cachedTokens;
+      },
+    };
   }
-  if (ctx.closed) return;
+  res.on('close', () => seq.abort());
+  if (ctx.closed) return seq.abort();
 
-  const seq = stats.outputTokens;
+  const wordSeed = stats.outputTokens;
+  // the sequence ended early (the client left, or the engine refused it)
+  const failed = () => {
+    if (ctx.closed || res.destroyed) return;
+    if (!res.headersSent) return sendError(res, 500, `simulated engine failed: ${seq.error ?? 'aborted'}`, 'server_error');
+    res.destroy();
+  };
   const responseId = `resp_${randomUUID().replace(/-/g, '')}`;
   const itemId = `msg_${randomUUID().replace(/-/g, '')}`;
   const createdAt = Math.floor(Date.now() / 1000);
@@ -346,9 +357,8 @@ async function responses({ res, body, model, hooks, ctx }) {
   if (body.stream !== true) {
     const words = [];
     for (let i = 0; i < outputTokens; i++) {
-      await simSleep(clock, t.decodeBaseMs, t.timeScale);
-      if (ctx.closed) return;
-      words.push(word(i, seq));
+      if (!(await seq.next()) || ctx.closed) return failed();
+      words.push(word(i, wordSeed));
     }
     stats.outputTokens += outputTokens;
     remember();
@@ -383,9 +393,9 @@ async function responses({ res, body, model, hooks, ctx }) {
     return;
   let textOut = '';
   for (let i = 0; i < outputTokens; i++) {
-    await simSleep(clock, t.decodeBaseMs, t.timeScale);
+    if (!(await seq.next())) return failed();
     if (ctx.closed || res.destroyed) return;
-    const delta = word(i, seq);
+    const delta = word(i, wordSeed);
     textOut += delta;
     stats.outputTokens++;
     if (!(await send('response.output_text.delta', { content_index: 0, delta, item_id: itemId, output_index: 0, logprobs: [] }))) return;
@@ -507,7 +517,6 @@ function detokenize({ res, body }) {
 async function generate({ res, body, hooks, ctx, entry }) {
   const { engine, options, registry } = hooks;
   const stats = hooks.stats();
-  const t = timing(options);
   // one request or a batch: text (string | string[]) or input_ids (number[] | number[][])
   /** @type {string[]} */
   let prompts;
@@ -551,28 +560,45 @@ async function generate({ res, body, hooks, ctx, entry }) {
   else if (isPrefill) stats.requests.sglangPrefill++;
   else stats.requests.sglangDecode++;
 
-  const clock = { debt: 0 };
   const rid = typeof body.rid === 'string' ? body.rid : randomUUID().replace(/-/g, '');
   /** @type {Array<{ tokens: number, cached: number }>} */
   const prompt = [];
+  /** @type {import('./model/scheduler.mjs').Sequence[]} each prompt's request in the engine's step loop */
+  const seqs = [];
+  res.on('close', () => {
+    for (const q of seqs) q.abort();
+  });
   for (let i = 0; i < n; i++) {
     if (!disaggregated) {
-      const p = await prefill(hooks, prompts[i], clock);
-      prompt.push({ tokens: p.tokens, cached: p.cachedTokens });
+      const { tokens, hashes } = promptShape(hooks, prompts[i]);
+      const q = hooks.submit('local', { hashes, tokens, maxTokens: maxNew });
+      seqs.push(q);
+      prompt.push({
+        tokens,
+        get cached() {
+          return q.cachedTokens;
+        },
+      });
     } else if (isPrefill) {
       const leg = legs[i];
       if (!sameHost(leg.host, engine.host) || leg.port !== engine.bootstrapPort) {
         violation(stats, `sglang /generate prefill leg names bootstrap ${leg.host}:${leg.port}, this node is ${engine.host}:${engine.bootstrapPort}`);
       }
-      const p = await prefill(hooks, prompts[i], clock);
+      const p = await prefill(hooks, prompts[i]);
+      seqs.push(p.seq);
+      if (p.seq.state !== 'finished') {
+        if (ctx.closed) return;
+        stats.errors++;
+        return sendError(res, 500, `simulated engine failed: ${p.seq.error ?? 'aborted'}`, 'server_error');
+      }
       publishRoom(registry, leg.room, {
         engineId: engine.id,
         host: engine.host,
         bootstrapPort: engine.bootstrapPort,
         port: engine.port,
         hashes: p.hashes,
-        queueMs: 0,
-        prefillMs: 0,
+        queueMs: p.seq.admittedAt - p.seq.arrival,
+        prefillMs: p.seq.firstTokenAt - p.seq.admittedAt,
       });
       prompt.push({ tokens: p.tokens, cached: p.cachedTokens });
     } else {
@@ -586,10 +612,8 @@ async function generate({ res, body, hooks, ctx, entry }) {
       if (!sameHost(found.host, leg.host) || found.bootstrapPort !== leg.port) {
         violation(stats, `sglang /generate decode leg names bootstrap ${leg.host}:${leg.port} but room ${leg.room} was prefilled on ${found.host}:${found.bootstrapPort}`);
       }
-      const tokens = Math.max(1, Math.ceil(prompts[i].length / t.charsPerToken));
-      stats.promptTokens += tokens;
-      stats.cachedTokens += tokens;
-      engine.cache.insert(found.hashes);
+      const { tokens, hashes } = promptShape(hooks, prompts[i]);
+      seqs.push(hooks.submit('remote', { hashes, tokens, maxTokens: maxNew, source: found.engineId }));
       prompt.push({ tokens, cached: tokens });
     }
   }
@@ -606,9 +630,23 @@ async function generate({ res, body, hooks, ctx, entry }) {
     e2e_latency: 0,
   });
 
+  /** The k-th token of every prompt; false once one of them ended early. @param {number} k */
+  const step = async (k) => {
+    for (const q of seqs) {
+      // a P leg's sequence produced its one token already (buffered)
+      if (k >= q.maxTokens) continue;
+      if (!(await q.next())) return false;
+    }
+    return true;
+  };
+  const failed = () => {
+    if (ctx.closed || res.destroyed) return;
+    if (!res.headersSent) return sendError(res, 500, 'simulated engine failed: aborted', 'server_error');
+    res.destroy();
+  };
   if (body.stream !== true) {
     const text = [];
-    for (let k = 0; k < outTokens; k++) await simSleep(clock, t.decodeBaseMs, t.timeScale);
+    for (let k = 0; k < outTokens; k++) if (!(await step(k))) return failed();
     if (ctx.closed) return;
     stats.outputTokens += n * outTokens;
     const outs = prompts.map((_, i) => {
@@ -626,7 +664,7 @@ async function generate({ res, body, hooks, ctx, entry }) {
   const texts = prompts.map(() => '');
   let chunks = 0;
   for (let k = 0; k < outTokens; k++) {
-    await simSleep(clock, t.decodeBaseMs, t.timeScale);
+    if (!(await step(k))) return failed();
     if (ctx.closed || res.destroyed) return;
     for (let i = 0; i < n; i++) {
       texts[i] += word(k, seed + i);

@@ -1,11 +1,21 @@
 // A simulated OpenAI-compatible inference engine (vLLM / SGLang P/D legs or colocated) on
-// 127.0.0.1. It models time (prefill, KV transfer, decode steps) in simulated milliseconds and
-// keeps a prefix cache, so the router and the benchmark can be measured without GPUs.
+// 127.0.0.1. This file is its HTTP layer and the engines' protocols (KV handles, bootstrap rooms,
+// the Mooncake flow, usage, faults, stats); under it runs the engine model of sim/model/: KV
+// memory with the prefix cache in it (kv-memory), a continuous-batching step loop (scheduler)
+// whose steps take the time the batch costs (step-time), KV transfers over the cluster's links
+// (fabric), all on the cluster's simulated clock (clock), with the figures of a preset
+// (sim/presets.mjs). GET /metrics serves the real engines' series from that model (model/metrics).
 import http from 'node:http';
 import { setTimeout as sleepReal } from 'node:timers/promises';
 import { createHash, randomUUID } from 'node:crypto';
-import { PrefixCache, chainedBlockHashes } from './prefix-cache.mjs';
+import { chainedBlockHashes } from './prefix-cache.mjs';
 import { lowerHeaders, positiveInt, publish, readBody, sameHost, sendError, sendJson, waitFor } from './wire.mjs';
+import { SimClock } from './model/clock.mjs';
+import { Fabric } from './model/fabric.mjs';
+import { KvMemory } from './model/kv-memory.mjs';
+import { EngineCore, Sequence } from './model/scheduler.mjs';
+import { hugeMetrics, renderMetrics } from './model/metrics.mjs';
+import { resolveModel } from './presets.mjs';
 
 export { sendJson };
 
@@ -26,15 +36,29 @@ export { sendJson };
  * @property {string} [host] default 127.0.0.1
  * @property {number} [port] default 0 (any free port; kept across stop()/start())
  * @property {string[]} [models] default ['sim-model']
- * @property {number} [cacheBlocks] prefix-cache capacity in blocks, default 5000
- * @property {number} [blockTokens] default 512
+ * @property {number} [cacheBlocks] KV memory in 512-token prefix units (the default preset: 5000)
+ * @property {number} [blockTokens] prefix-cache unit in tokens, default 512
  * @property {number} [charsPerToken] default 4
- * @property {number} [timeScale] real ms slept per simulated ms, default 0.001 (0 = never sleep)
- * @property {number} [prefillMsPerToken] default 0.05
- * @property {number} [transferMsPerBlock] default 5
- * @property {number} [decodeBaseMs] default 15
- * @property {number} [decodeMsPerSeq] default 1
- * @property {number} [transferInterferenceMs] default 20
+ * @property {number} [timeScale] real ms per simulated ms, default 0.001 (0 = no pacing: a discrete-event clock)
+ * @property {string} [preset] engine figures (sim/presets.mjs): default | seed000 | seed002
+ * @property {'vllm' | 'sglang'} [kind] which engine it is: its /metrics series, and an SGLang decode
+ *   node cannot prefill by itself; default vllm
+ * @property {'v1' | 'v0'} [vllmMetrics] vLLM /metrics generation (v0: vllm:gpu_cache_usage_perc), default v1
+ * @property {'sglang:' | 'sglang_'} [sglangMetricsPrefix] default 'sglang:'
+ * @property {string} [group] rack / pdGroup of its network link (transfers across groups are slower)
+ * @property {number} [prefillMsPerToken] overrides the preset: linear prefill cost a token
+ * @property {number} [transferMsPerBlock] overrides the preset: link time a 512-token block (0 = instant)
+ * @property {number} [decodeBaseMs] overrides the preset: a decode step's weight read
+ * @property {number} [decodeMsPerSeq] overrides the preset: cost a sequence in a step
+ * @property {number} [ingestMsPerBlock] overrides the preset: step time a landed 512-token block costs the receiver
+ * @property {number} [transferInterferenceMs] legacy; 0 turns the receiver's cost off
+ * @property {number} [numGpuBlocks] KV capacity in blocks of blockSize tokens
+ * @property {number} [blockSize] vLLM block_size, default 16
+ * @property {number} [maxNumBatchedTokens] default 8192
+ * @property {number} [maxNumSeqs] default 1024
+ * @property {boolean} [preemption] default true
+ * @property {number} [sglangHandshakeTimeoutMs] simulated ms an SGLang decode node tries to reach a
+ *   request's missing bootstrap server before failing it (15 attempts 1 s apart), default 15000
  * @property {number} [bootstrapPort] SGLang bootstrap port this engine answers to, default its HTTP port
  * @property {number} [bootstrapTimeoutMs] real ms an SGLang decode leg waits for its prefill, default 30000
  * @property {number} [sampleCap] max samples kept per array, default 100000
@@ -66,6 +90,8 @@ export { sendJson };
  * @property {Map<string, HeldKv>} handles vLLM KV handles by `remote_engine_id/remote_request_id` (and Mooncake transfers by `mc/engine/transfer_id`)
  * @property {Map<string, TransferEntry>} transfers Mooncake prefills by `engineId/transfer_id`
  * @property {Map<string, Set<(entry: TransferEntry) => void>>} transferWaiters
+ * @property {Map<number, { clock: SimClock, fabric: Fabric }>} clocks the cluster's simulated clock and
+ *   its network, one per time scale (a cluster normally has one; the test suite mixes two)
  *
  * @typedef {{ key: string, engineId: string, digest: string, blocks: number, state: 'held' | 'read' | 'released' | 'expired', free: (how: 'read' | 'released' | 'expired') => void }} HeldKv
  * @typedef {{ engineId: string, mooncakeEngineId: string, hashes: string[], digest: string, queueMs: number, prefillMs: number }} TransferEntry
@@ -78,13 +104,19 @@ const MAX_REMEMBERED = 10000;
 /** per-request figures kept per engine (keyed by x-request-id), oldest dropped first */
 const MAX_REQUEST_STATS = 50000;
 /**
- * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds'>} TunableOptions
+ * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'decodeMsPerSeq' | 'ingestMsPerBlock' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds' | 'kind' | 'vllmMetrics' | 'sglangMetricsPrefix' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'preemption' | 'sglangHandshakeTimeoutMs'>} TunableOptions
  */
 export const TUNABLE_OPTIONS = [
   'timeScale',
   'prefillMsPerToken',
   'transferMsPerBlock',
   'decodeBaseMs',
+  'decodeMsPerSeq',
+  'ingestMsPerBlock',
+  'maxNumSeqs',
+  'maxNumBatchedTokens',
+  'preemption',
+  'sglangHandshakeTimeoutMs',
   'kvHoldTimeoutMs',
   'rejectionReleasesHandle',
   'promptTokensDetails',
@@ -93,6 +125,12 @@ export const TUNABLE_OPTIONS = [
   'healthGenerate',
   'rejectDuplicateRequestIds',
 ];
+/** tunable options that take one of a few strings */
+export const STRING_OPTIONS = /** @type {Record<string, string[]>} */ ({
+  kind: ['vllm', 'sglang'],
+  vllmMetrics: ['v1', 'v0'],
+  sglangMetricsPrefix: ['sglang:', 'sglang_'],
+});
 const FILLER = 'the quick brown fox jumps over a lazy dog while seven bright stars drift across calm northern water'.split(' ');
 
 /** @returns {Registry} */
@@ -106,7 +144,22 @@ export function createRegistry() {
     handles: new Map(),
     transfers: new Map(),
     transferWaiters: new Map(),
+    clocks: new Map(),
   };
+}
+
+/**
+ * The cluster's clock and network for a time scale.
+ * @param {Registry} registry @param {number} timeScale
+ */
+export function clusterTime(registry, timeScale) {
+  let entry = registry.clocks.get(timeScale);
+  if (!entry) {
+    const clock = new SimClock(timeScale);
+    entry = { clock, fabric: new Fabric(clock) };
+    registry.clocks.set(timeScale, entry);
+  }
+  return entry;
 }
 
 /** @template K, V @param {Map<K, V>} map @param {K} key @param {V} value */
@@ -189,12 +242,15 @@ function emptyStats() {
  * @property {number} port
  * @property {number} bootstrapPort
  * @property {string} host
- * @property {PrefixCache} cache
+ * @property {{ has: (h: string) => boolean, match: (h: string[]) => number, peekMatch: (h: string[]) => number, insert: (h: string[]) => void, size: number, clear: () => void }} cache the cached prefix units of its KV memory
  * @property {boolean} running
  * @property {() => ReturnType<typeof emptyStats> & { id: string, role: EngineRole, inflight: number, cacheBlocksUsed: number, running: boolean }} stats
  * @property {() => RequestLogEntry[]} requests
  * @property {() => Record<string, RequestStats>} requestStats figures per x-request-id
  * @property {() => void} reset
+ * @property {(values?: { kvUsage?: number, waiting?: number, running?: number }) => string} metrics the /metrics body now
+ * @property {(f: { mode?: 'none' | 'override' | 'slow' | 'huge' | 'garbage' | 'status', values?: { kvUsage?: number, waiting?: number, running?: number }, delayMs?: number, status?: number, bytes?: number }) => void} setMetricsFault
+ * @property {() => { figures: ReturnType<typeof resolveModel>, memory: KvMemory, core: EngineCore, clock: SimClock, fabric: Fabric }} model
  * @property {(f: Fault) => void} setFault
  * @property {(o: Partial<TunableOptions>) => void} setOptions change tunable options at run time (kept across reset)
  * @property {string} mooncakeEngineId
@@ -214,15 +270,9 @@ export async function startEngine(options) {
     role,
     host = '127.0.0.1',
     models = ['sim-model'],
-    cacheBlocks = 5000,
     blockTokens = 512,
     charsPerToken = 4,
     timeScale = 0.001,
-    prefillMsPerToken = 0.05,
-    transferMsPerBlock = 5,
-    decodeBaseMs = 15,
-    decodeMsPerSeq = 1,
-    transferInterferenceMs = 20,
     bootstrapTimeoutMs = 30000,
     sampleCap = 100000,
     kvHoldTimeoutMs = 480000,
@@ -232,18 +282,87 @@ export async function startEngine(options) {
     sglangStreamAbortGraceMs = 50,
     healthGenerate = false,
     rejectDuplicateRequestIds = true,
+    kind = 'vllm',
+    vllmMetrics = 'v1',
+    sglangMetricsPrefix = 'sglang:',
+    sglangHandshakeTimeoutMs = 15000,
     mooncakeEngineId = `vllm-${randomUUID()}`,
     registry = createRegistry(),
   } = options;
   if (!id) throw new TypeError('engine id is required');
   if (!['prefill', 'decode', 'both'].includes(role)) throw new TypeError(`bad role ${role}`);
 
+  // the engine model: its figures, its KV memory, its step loop, on the cluster's clock and links
+  /** @type {Record<string, unknown>} overrides of the preset, kept so a tunable change re-derives the rest */
+  const modelOverrides = {};
+  for (const k of [
+    'preset',
+    'cacheBlocks',
+    'numGpuBlocks',
+    'blockSize',
+    'maxNumBatchedTokens',
+    'maxNumSeqs',
+    'preemption',
+    'mfu',
+    'mbu',
+    'stepOverheadMs',
+    'prefillMsPerToken',
+    'decodeBaseMs',
+    'decodeMsPerSeq',
+    'transferMsPerBlock',
+    'ingestMsPerBlock',
+    'transferInterferenceMs',
+    'linkGbps',
+    'ingestHbmShare',
+  ]) {
+    if (/** @type {any} */ (options)[k] !== undefined) modelOverrides[k] = /** @type {any} */ (options)[k];
+  }
+  let figures = resolveModel({ ...modelOverrides, blockTokens });
+  let time = clusterTime(registry, timeScale);
+  const memory = new KvMemory({ numBlocks: figures.numGpuBlocks, blockSize: figures.blockSize, unitTokens: blockTokens });
+  const core = new EngineCore({
+    clock: time.clock,
+    memory,
+    cost: figures.cost,
+    maxNumBatchedTokens: figures.maxNumBatchedTokens,
+    maxNumSeqs: figures.maxNumSeqs,
+    preemption: figures.preemption,
+    ingestBytesPerMs: figures.ingestBytesPerMs,
+    landed: () => time.fabric.landed(id),
+  });
+  const registerLink = () => {
+    time.fabric.configure(figures.fabric);
+    time.fabric.register(id, { linkBytesPerMs: figures.linkBytesPerMs, group: options.group });
+  };
+  registerLink();
+
   /** @param {Partial<TunableOptions>} o */
   function setOptions(o) {
-    if (o.timeScale !== undefined) timeScale = o.timeScale;
-    if (o.prefillMsPerToken !== undefined) prefillMsPerToken = o.prefillMsPerToken;
-    if (o.transferMsPerBlock !== undefined) transferMsPerBlock = o.transferMsPerBlock;
-    if (o.decodeBaseMs !== undefined) decodeBaseMs = o.decodeBaseMs;
+    if (o.timeScale !== undefined && o.timeScale !== timeScale) {
+      timeScale = o.timeScale;
+      time = clusterTime(registry, timeScale);
+      core.configure({ clock: time.clock });
+      registerLink();
+    }
+    let refigure = false;
+    for (const k of ['prefillMsPerToken', 'transferMsPerBlock', 'decodeBaseMs', 'decodeMsPerSeq', 'ingestMsPerBlock', 'maxNumSeqs', 'maxNumBatchedTokens', 'preemption']) {
+      const v = /** @type {any} */ (o)[k];
+      if (v !== undefined) {
+        modelOverrides[k] = v;
+        refigure = true;
+      }
+    }
+    if (refigure) {
+      figures = resolveModel({ ...modelOverrides, blockTokens });
+      core.configure({
+        cost: figures.cost,
+        maxNumBatchedTokens: figures.maxNumBatchedTokens,
+        maxNumSeqs: figures.maxNumSeqs,
+        preemption: figures.preemption,
+        ingestBytesPerMs: figures.ingestBytesPerMs,
+      });
+      registerLink();
+    }
     if (o.kvHoldTimeoutMs !== undefined) kvHoldTimeoutMs = o.kvHoldTimeoutMs;
     if (o.rejectionReleasesHandle !== undefined) rejectionReleasesHandle = o.rejectionReleasesHandle;
     if (o.promptTokensDetails !== undefined) promptTokensDetails = o.promptTokensDetails;
@@ -251,8 +370,26 @@ export async function startEngine(options) {
     if (o.sglangStreamAbortGraceMs !== undefined) sglangStreamAbortGraceMs = o.sglangStreamAbortGraceMs;
     if (o.healthGenerate !== undefined) healthGenerate = o.healthGenerate;
     if (o.rejectDuplicateRequestIds !== undefined) rejectDuplicateRequestIds = o.rejectDuplicateRequestIds;
+    if (o.sglangHandshakeTimeoutMs !== undefined) sglangHandshakeTimeoutMs = o.sglangHandshakeTimeoutMs;
+    if (o.kind !== undefined) kind = o.kind;
+    if (o.vllmMetrics !== undefined) vllmMetrics = o.vllmMetrics;
+    if (o.sglangMetricsPrefix !== undefined) sglangMetricsPrefix = o.sglangMetricsPrefix;
   }
-  const cache = new PrefixCache(cacheBlocks);
+  /** The prefix cache as the rest of the simulator reads it: the cached units of the KV memory. */
+  const cache = {
+    has: (/** @type {string} */ h) => memory.has(h),
+    peekMatch: (/** @type {string[]} */ hashes) => memory.lookup(hashes),
+    match(/** @type {string[]} */ hashes) {
+      const hit = memory.lookup(hashes);
+      memory.touch(hashes.slice(0, hit));
+      return hit;
+    },
+    insert: (/** @type {string[]} */ hashes) => memory.insertReady(hashes),
+    get size() {
+      return memory.cachedUnits();
+    },
+    clear: () => memory.clear(),
+  };
   /** KV blocks this P holds for handles no D has read yet, by handle key */
   /** @type {Map<string, HeldKv>} */
   const held = new Map();
@@ -266,8 +403,9 @@ export async function startEngine(options) {
    * timeout passes (vllm nixl/scheduler.py request_finished: delay_free_blocks and
    * _reqs_need_send[req] = now + VLLM_NIXL_ABORT_REQUEST_TIMEOUT; freed on the read notification).
    * @param {string} key @param {string} digest @param {number} blocks
+   * @param {Sequence} [seq] the finished P leg whose blocks the handle holds in KV memory
    */
-  function holdKv(key, digest, blocks) {
+  function holdKv(key, digest, blocks, seq) {
     stats.issuedHandles++;
     /** @type {HeldKv} */
     const entry = {
@@ -281,6 +419,7 @@ export async function startEngine(options) {
         entry.state = how;
         clearTimeout(timer);
         held.delete(key);
+        if (seq) core.releaseHeld(seq);
         if (how === 'read') stats.consumedHandles++;
         else if (how === 'released') stats.releasedHandles++;
         else stats.expiredHandles++;
@@ -300,15 +439,9 @@ export async function startEngine(options) {
   /** @type {Required<Fault>} */
   let fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true, status: 200, headers: {}, body: '', bytes: 0, newline: true };
   let inflight = 0;
-  let decodingNow = 0;
-  let transfersNow = 0;
   let completionCounter = 0;
-  /** prefills on this node run one at a time; this is the tail of that queue */
-  let prefillQueue = Promise.resolve();
-  /** simulated ms of all prefills started on this node, and the one running now */
-  let prefillStartedSimTotal = 0;
-  /** @type {{ simMs: number, startedAt: number } | undefined} */
-  let runningPrefill;
+  /** @type {{ mode: 'none' | 'override' | 'slow' | 'huge' | 'garbage' | 'status', values: { kvUsage?: number, waiting?: number, running?: number }, delayMs: number, status: number, bytes: number }} */
+  let metricsFault = { mode: 'none', values: {}, delayMs: 5000, status: 500, bytes: 10_000_000 };
   /** @type {Set<import('node:net').Socket>} */
   const sockets = new Set();
 
@@ -322,9 +455,6 @@ export async function startEngine(options) {
     stats.violations.push(why);
     if (stats.violations.length > 50) stats.violations.shift();
   }
-
-  /** @param {{ debt: number }} clock @param {number} simMs */
-  const simSleep = (clock, simMs) => sleepSimulated(clock, simMs, timeScale);
 
   /**
    * Blocks this node lacks that another running engine of the registry holds right now.
@@ -346,165 +476,208 @@ export async function startEngine(options) {
   }
 
   /**
-   * Prefill locally: queue behind other prefills, reuse the cached prefix, compute the rest.
-   * @param {string[]} hashes @param {number} tokens @param {{ debt: number }} clock
-   * @param {Partial<RequestStats>} [rec] filled with this request's figures
+   * Submit a request to this engine's step loop; its figures are counted once it is admitted
+   * (when its prefix hit on this node is known).
+   * @param {'local' | 'prefill' | 'remote'} seqKind
+   * @param {object} o
+   * @param {string[]} o.hashes @param {number} o.tokens @param {number} o.maxTokens
+   * @param {Partial<RequestStats>} [o.rec] filled with this request's figures
+   * @param {string} [o.source] remote: the engine the KV comes from
+   * @param {() => Promise<string>} [o.awaitSource] remote: resolves with the engine the KV comes
+   *   from once its prefill is there (SGLang rooms, Mooncake transfers: the decode node takes the
+   *   blocks when the request arrives and waits for P); rejecting fails the request
+   * @param {boolean} [o.hold] prefill: keep the blocks for a handle
+   * @returns {Sequence}
    */
-  async function prefillLocal(hashes, tokens, clock, rec) {
-    // Queue time in simulated ms, from the work ahead rather than the real wait: at small time
-    // scales a millisecond of event-loop jitter would otherwise read as seconds of queueing.
-    const startedAhead = prefillStartedSimTotal;
-    const runningLeft =
-      runningPrefill && timeScale > 0 ? Math.min(runningPrefill.simMs, Math.max(0, runningPrefill.simMs - (performance.now() - runningPrefill.startedAt) / timeScale)) : 0;
-    const previous = prefillQueue;
-    /** @type {() => void} */
-    let release = () => {};
-    prefillQueue = new Promise((resolve) => (release = resolve));
-    await previous;
-    try {
-      const queueMs = runningLeft + (prefillStartedSimTotal - startedAhead);
-      const hit = cache.match(hashes);
-      const misses = countLocalityMisses(hashes.slice(hit), undefined);
-      const cachedTokens = Math.min(tokens, hit * blockTokens);
-      if (rec) Object.assign(rec, { promptTokens: tokens, cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses });
-      stats.promptTokens += tokens;
-      stats.cachedTokens += cachedTokens;
-      stats.blocksLookedUp += hashes.length;
-      stats.blocksHit += hit;
-      const prefillMs = prefillMsPerToken * (tokens - cachedTokens);
-      prefillStartedSimTotal += prefillMs;
-      runningPrefill = { simMs: prefillMs, startedAt: performance.now() };
-      await simSleep(clock, prefillMs);
-      cache.insert(hashes);
-      return { queueMs, prefillMs, cachedTokens };
-    } finally {
-      runningPrefill = undefined;
-      release();
-    }
+  function submit(seqKind, { hashes, tokens, maxTokens, rec, source, awaitSource, hold }) {
+    const seq = new Sequence({
+      kind: seqKind,
+      hashes,
+      promptTokens: tokens,
+      maxTokens,
+      hold,
+      load:
+        seqKind === 'remote'
+          ? async (missing, s) => {
+              const from = awaitSource ? await awaitSource() : (source ?? '');
+              if (awaitSource) {
+                const misses = countLocalityMisses(hashes.slice(s.hitUnits), from);
+                if (rec) Object.assign(rec, { localityMissBlocks: misses, remoteEngineId: from });
+              }
+              const r = await time.fabric.transfer(from, id, missing * figures.kvBytesPerToken);
+              if (rec) Object.assign(rec, { transferMs: r.ms, transferBytes: r.bytes, crossGroup: r.crossGroup });
+              return r;
+            }
+          : undefined,
+      onAdmit: (s) => {
+        const hit = s.hitUnits;
+        stats.promptTokens += tokens;
+        stats.cachedTokens += s.cachedTokens;
+        stats.blocksLookedUp += hashes.length;
+        stats.blocksHit += hit;
+        // a decode node waiting for its P counts its locality misses once it knows which P
+        const misses = awaitSource ? 0 : countLocalityMisses(hashes.slice(hit), source);
+        if (rec) Object.assign(rec, { promptTokens: tokens, cachedTokens: s.cachedTokens, blocks: hashes.length, blocksHit: hit, localityMissBlocks: misses });
+        if (seqKind !== 'remote') return;
+        // D pulls only what it does not hold (vLLM's local prefix hit on the decode node)
+        const pulled = Math.max(0, Math.ceil(tokens / blockTokens) - hit);
+        const fullRepull = hit === 0 && pulled > 1;
+        if (fullRepull) stats.fullRepulls++;
+        else stats.suffixPulls++;
+        stats.blocksPulled += pulled;
+        if (rec) {
+          Object.assign(rec, { blocksPulled: pulled, fullRepull });
+          if (source !== undefined) rec.remoteEngineId = source;
+        }
+      },
+    });
+    return core.submit(seq);
   }
 
   /**
-   * Pull from a prefill node the blocks of the prompt this node lacks.
-   * @param {string[]} hashes full blocks @param {number} tokens @param {string | undefined} source
-   * @param {{ debt: number }} clock
-   * @param {Partial<RequestStats>} [rec] filled with this request's figures
+   * A prefill leg: prefill here, one token, then (with `hold`) keep the blocks for a handle.
+   * Resolves when the prefill ended (or the request was aborted / refused).
+   * @param {string[]} hashes @param {number} tokens @param {Partial<RequestStats>} [rec] @param {boolean} [hold]
+   * @param {Ctx} [ctx] a client that leaves aborts it (vLLM cancels the request with its connection)
    */
-  async function pullBlocks(hashes, tokens, source, clock, rec) {
-    const totalBlocks = Math.ceil(tokens / blockTokens);
-    const hit = cache.match(hashes);
-    const misses = countLocalityMisses(hashes.slice(hit), source);
-    const cachedTokens = Math.min(tokens, hit * blockTokens);
-    stats.promptTokens += tokens;
-    stats.cachedTokens += cachedTokens;
-    stats.blocksLookedUp += hashes.length;
-    stats.blocksHit += hit;
-    const pulled = Math.max(0, totalBlocks - hit);
-    if (hit === 0 && pulled > 1) stats.fullRepulls++;
-    else stats.suffixPulls++;
-    if (rec) {
-      Object.assign(rec, {
-        promptTokens: tokens,
-        cachedTokens,
-        blocks: hashes.length,
-        blocksHit: hit,
-        localityMissBlocks: misses,
-        blocksPulled: pulled,
-        fullRepull: hit === 0 && pulled > 1,
-      });
-      if (source !== undefined) rec.remoteEngineId = source;
-    }
-    stats.blocksPulled += pulled;
-    transfersNow++;
-    const transferMs = transferMsPerBlock * pulled;
-    try {
-      await simSleep(clock, transferMs);
-    } finally {
-      transfersNow--;
-    }
-    cache.insert(hashes);
-    return { transferMs, cachedTokens };
+  async function prefillOnly(hashes, tokens, rec, hold = false, ctx) {
+    const seq = submit('prefill', { hashes, tokens, maxTokens: 1, rec, hold });
+    if (ctx) ctx.onClose = () => seq.abort();
+    await seq.finished;
+    const queueMs = seq.admittedAt - seq.arrival;
+    const prefillMs = seq.firstTokenAt - seq.admittedAt;
+    if (rec && seq.state === 'finished') Object.assign(rec, { queueMs, prefillMs, kvWaitMs: seq.kvWaitMs });
+    return { seq, queueMs, prefillMs, cachedTokens: seq.cachedTokens };
   }
 
   /**
-   * Generate tokens, streaming them (one flushed SSE event per token) or as one JSON body.
+   * The error a refused or failed sequence gets: JSON before any byte went out, else (a stream
+   * whose headers are out) an error event, as vLLM and SGLang stream errors.
+   * @param {http.ServerResponse} res @param {Sequence} seq
+   */
+  function refuse(res, seq) {
+    if (seq.error === 'too_long') {
+      // vLLM checks the prompt against max_model_len, which its KV cache can always hold
+      const message = `This model's maximum context length is ${figures.numGpuBlocks * figures.blockSize} tokens. However, you requested ${seq.promptTokens} tokens.`;
+      return sendError(res, 400, message, 'BadRequestError');
+    }
+    stats.errors++;
+    const status = seq.errorStatus ?? 500;
+    const message = seq.error ?? 'aborted';
+    const type = /KVTransferError/.test(message) ? 'InternalServerError' : 'server_error';
+    if (!res.headersSent) return sendError(res, status, message, type);
+    if (res.destroyed) return;
+    res.end(`data: ${JSON.stringify({ error: { message, type, param: null, code: status } })}\n\ndata: [DONE]\n\n`);
+  }
+
+  /**
+   * Stream or answer the tokens of a sequence (one flushed SSE event per token, or one JSON body).
    * @param {http.ServerResponse} res
    * @param {Ctx} ctx
    * The first word of each choice is a digest of the prompt whose KV the answer was computed on
    * (`promptDigest`), so a test can tell an answer that belongs to another prompt.
-   * @param {{ outputTokens: number, beforeFirstMs: number, usage: object, recordLatency: boolean, clock: { debt: number }, digests: string[] }} gen
+   * @param {{ seq: Sequence, upstreamMs: number, source?: { upstreamMs: number, readyAt: number }, usage: object | (() => object), recordLatency: boolean, digests: string[], rec?: Partial<RequestStats> }} gen
+   *   upstreamMs: simulated ms before this engine got the request that belong to its TTFT (its P's queue and prefill);
+   *   source: a decode leg that waited here for its P: P's queue and prefill, and when P's KV was ready (this engine's clock)
    */
   async function generate(res, ctx, gen) {
     const { chat, stream, model } = ctx;
+    const { seq } = gen;
     const idStr = `${chat ? 'chatcmpl' : 'cmpl'}-${id}-${++completionCounter}`;
     const created = Math.floor(Date.now() / 1000);
     let chunksSent = 0;
+    const outputTokens = seq.maxTokens;
+    // a client that leaves aborts the sequence: its blocks are freed at once
+    const previousClose = ctx.onClose;
+    ctx.onClose = () => {
+      previousClose?.();
+      seq.abort();
+    };
+    if (ctx.closed) seq.abort();
     if (stream) sseHeaders(res);
     // n samples a prompt: choice i*n + j is prompt i's sample j (vllm serving_completion.py)
     const digests = gen.digests.flatMap((d) => Array.from({ length: ctx.samples ?? 1 }, () => d));
     const choicesN = digests.length;
     /** @type {string[][]} */
     const texts = digests.map(() => []);
-    decodingNow++;
-    let decodeMs = 0;
-    let firstStepMs = 0;
-    try {
-      for (let i = 0; i < gen.outputTokens; i++) {
-        if (res.destroyed) return;
-        const stepMs = decodeBaseMs + decodeMsPerSeq * decodingNow + (transfersNow > 0 ? transferInterferenceMs : 0);
-        await simSleep(gen.clock, stepMs);
-        if (res.destroyed) return;
-        if (i === 0) firstStepMs = stepMs;
-        else {
-          decodeMs += stepMs;
-          if (gen.recordLatency) sample(stats.itlMs, stepMs);
-        }
-        let data = '';
-        for (let c = 0; c < choicesN; c++) {
-          const word = i === 0 ? digests[c] : ' ' + FILLER[(i + completionCounter) % FILLER.length];
-          texts[c].push(word);
-          stats.outputTokens++;
-          if (!stream) continue;
-          const last = i === gen.outputTokens - 1;
-          const finish = last ? 'length' : null;
-          const chunk = chat
-            ? {
-                id: idStr,
-                object: 'chat.completion.chunk',
-                created,
-                model,
-                choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }],
-              }
-            : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: word, logprobs: null, finish_reason: finish }] };
-          data += `data: ${JSON.stringify(chunk)}\n\n`;
-        }
-        if (stream) {
-          chunksSent++;
-          if (ctx.stallAfterChunks !== undefined && chunksSent >= ctx.stallAfterChunks) {
-            // silent from here on, connection open, until the client gives up
-            res.write(data);
-            return await untilClosed(ctx);
-          }
-          if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
-            // let the chunks reach the client first, so it sees a stream that breaks, not none
-            await new Promise((resolve) => res.write(data, () => resolve(undefined)));
-            await sleepReal(10);
-            ctx.destroyedByUs = true;
-            res.socket?.destroy();
-            return;
-          }
-          res.write(data);
-        }
+    let previousAt = NaN;
+    for (let i = 0; i < outputTokens; i++) {
+      const token = await seq.next();
+      if (!token) {
+        if (seq.state === 'failed' && !ctx.closed) return refuse(res, seq);
+        if (!res.destroyed && res.headersSent) res.destroy();
+        return;
       }
-    } finally {
-      decodingNow--;
+      if (res.destroyed) return seq.abort();
+      if (i > 0 && gen.recordLatency) sample(stats.itlMs, token.at - previousAt);
+      previousAt = token.at;
+      let data = '';
+      for (let c = 0; c < choicesN; c++) {
+        const word = i === 0 ? digests[c] : ' ' + FILLER[(i + completionCounter) % FILLER.length];
+        texts[c].push(word);
+        stats.outputTokens++;
+        if (!stream) continue;
+        const last = i === outputTokens - 1;
+        const finish = last ? 'length' : null;
+        const chunk = chat
+          ? {
+              id: idStr,
+              object: 'chat.completion.chunk',
+              created,
+              model,
+              choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }],
+            }
+          : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: word, logprobs: null, finish_reason: finish }] };
+        data += `data: ${JSON.stringify(chunk)}\n\n`;
+      }
+      if (stream) {
+        chunksSent++;
+        if (ctx.stallAfterChunks !== undefined && chunksSent >= ctx.stallAfterChunks) {
+          // silent from here on, connection open, until the client gives up
+          res.write(data);
+          return await untilClosed(ctx);
+        }
+        if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
+          // let the chunks reach the client first, so it sees a stream that breaks, not none
+          seq.abort();
+          await new Promise((resolve) => res.write(data, () => resolve(undefined)));
+          await sleepReal(10);
+          ctx.destroyedByUs = true;
+          res.socket?.destroy();
+          return;
+        }
+        res.write(data);
+      }
     }
+    // TTFT as the engines account it: the P's queue and prefill, then this engine's wait, KV pull
+    // and first step (the router's own time between the legs is not in it)
+    const usage = typeof gen.usage === 'function' ? gen.usage() : gen.usage;
+    // a leg that waited for its P: its own span, which covers P when both share a clock, and at
+    // least P's queue and prefill plus what followed P here (engines on different clocks)
+    const ttftMs = gen.source
+      ? Math.max(seq.firstTokenAt - seq.arrival, gen.source.upstreamMs + (seq.firstTokenAt - gen.source.readyAt))
+      : gen.upstreamMs + (seq.firstTokenAt - seq.arrival);
+    const tpotMs = outputTokens > 1 ? (seq.finishedAt - seq.firstTokenAt) / (outputTokens - 1) : NaN;
     if (gen.recordLatency) {
-      sample(stats.ttftMs, gen.beforeFirstMs + firstStepMs);
-      if (gen.outputTokens > 1) sample(stats.tpotMs, decodeMs / (gen.outputTokens - 1));
+      sample(stats.ttftMs, ttftMs);
+      if (outputTokens > 1) sample(stats.tpotMs, tpotMs);
+    }
+    if (gen.rec) {
+      Object.assign(gen.rec, {
+        ttftMs,
+        tpotMs,
+        e2eMs: ttftMs + (seq.finishedAt - seq.firstTokenAt),
+        kvWaitMs: seq.kvWaitMs,
+        queueMs: seq.admittedAt - seq.arrival,
+        // this engine's own part of the TTFT: its wait, the KV pull, its first step
+        decodeFirstTokenMs: seq.firstTokenAt - (gen.source ? Math.max(seq.arrival, gen.source.readyAt) : seq.arrival),
+        outputTokens,
+        preemptions: seq.preemptions,
+      });
     }
     if (stream) {
       if (ctx.includeUsage) {
-        const usageChunk = { id: idStr, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: gen.usage };
+        const usageChunk = { id: idStr, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage };
         res.write(`data: ${JSON.stringify(usageChunk)}\n\n`);
       }
       res.end('data: [DONE]\n\n');
@@ -517,7 +690,7 @@ export async function startEngine(options) {
           created,
           model,
           choices: texts.map((t, c) => ({ index: c, message: { role: 'assistant', content: t.join('') }, logprobs: null, finish_reason: 'length' })),
-          usage: gen.usage,
+          usage,
         }
       : {
           id: idStr,
@@ -525,7 +698,7 @@ export async function startEngine(options) {
           created,
           model,
           choices: texts.map((t, c) => ({ index: c, text: t.join(''), logprobs: null, finish_reason: 'length' })),
-          usage: gen.usage,
+          usage,
         };
     const json = JSON.stringify(body);
     if (ctx.stallAfterChunks !== undefined) {
@@ -585,9 +758,8 @@ export async function startEngine(options) {
    */
   async function healthGeneration() {
     stats.healthGenerations++;
-    const clock = { debt: 0 };
-    await prefillLocal([], 1, clock);
-    await simSleep(clock, decodeBaseMs);
+    // a one-token request through the step loop: it waits its turn behind the queue
+    await submit('local', { hashes: [], tokens: 1, maxTokens: 1 }).finished;
   }
 
   /** @param {number} promptTokens @param {number} completionTokens @param {number} cachedTokens */
@@ -716,7 +888,6 @@ export async function startEngine(options) {
         ? { units: prompt, unitsPerBlock: blockTokens * charsPerToken, tokens: Math.ceil(prompt.length / charsPerToken) }
         : { units: prompt, unitsPerBlock: blockTokens, tokens: prompt.length };
     const hashes = chainedBlockHashes(units, unitsPerBlock);
-    const clock = { debt: 0 };
     const kv = body.kv_transfer_params;
     const requestId = entry.headers['x-request-id'];
     const isRoom = Boolean(roomMatch && body.bootstrap_room !== undefined && body.bootstrap_room !== null);
@@ -767,6 +938,7 @@ export async function startEngine(options) {
           let aborted = false;
           /** @type {NodeJS.Timeout | undefined} */
           let abortTimer;
+          const seq = submit('prefill', { hashes, tokens, maxTokens: 1, rec });
           ctx.onClose = () => {
             if (done) return;
             abortTimer = setTimeout(
@@ -774,58 +946,66 @@ export async function startEngine(options) {
                 if (done) return;
                 aborted = true;
                 stats.sglangAborts++;
+                seq.abort();
                 publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: [], queueMs: 0, prefillMs: 0, aborted: true });
               },
               ctx.stream ? sglangStreamAbortGraceMs : sglangAbortGraceMs,
             );
             abortTimer.unref?.();
           };
-          const p = await prefillLocal(hashes, tokens, clock, rec);
+          await seq.finished;
           done = true;
           clearTimeout(abortTimer);
           if (aborted) return;
-          publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs: p.queueMs, prefillMs: p.prefillMs, digest });
+          if (seq.state !== 'finished') {
+            publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes: [], queueMs: 0, prefillMs: 0, aborted: true });
+            return refuse(res, seq);
+          }
+          const queueMs = seq.admittedAt - seq.arrival;
+          const prefillMs = seq.firstTokenAt - seq.admittedAt;
+          Object.assign(rec, { queueMs, prefillMs, kvWaitMs: seq.kvWaitMs });
+          publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs, prefillMs, digest });
           return await generate(res, ctx, {
-            outputTokens: 1,
-            beforeFirstMs: 0,
-            usage: usageOf(tokens, 1, p.cachedTokens),
+            seq,
+            upstreamMs: 0,
+            usage: usageOf(tokens, 1, seq.cachedTokens),
             recordLatency: false,
-            clock,
             digests: prompts.map(promptDigest),
           });
         }
         stats.requests.sglangDecode++;
-        const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
-        if (ctx.closed) return;
-        if (!found) {
-          stats.errors++;
-          return sendError(res, 504, `bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
-        }
-        if (found.aborted) {
-          stats.errors++;
-          const message = `KVTransferError(bootstrap_room=${room}): Aborted by AbortReq`;
-          if (!ctx.stream) return sendError(res, 500, message, 'InternalServerError');
-          // sglang serving_*: the stream generator yields create_streaming_error_response(...)
-          sseHeaders(res);
-          res.end(`data: ${JSON.stringify({ error: { message, type: 'InternalServerError', param: null, code: 500 } })}\n\ndata: [DONE]\n\n`);
-          return;
-        }
-        if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
-          violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
-          stats.errors++;
-          return sendError(res, 502, `bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`, 'server_error');
-        }
         rec.leg = 'sglangDecode';
-        const t = await pullBlocks(hashes, tokens, found.engineId, clock, rec);
-        const kvDigest = found.digest ?? digest;
-        if (kvDigest !== digest) stats.foreignHandleReads++;
+        // SGLang's decode node takes a request into its PreallocQueue at once: it reserves the KV
+        // blocks, then the prefill's sender fills them (srt/disaggregation/decode.py)
+        const digests = prompts.map(promptDigest);
+        const source = { upstreamMs: 0, readyAt: 0 };
+        const seq = submit('remote', {
+          hashes,
+          tokens,
+          maxTokens,
+          rec,
+          awaitSource: async () => {
+            const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
+            if (!found) throw Object.assign(new Error(`bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
+            if (found.aborted) throw Object.assign(new Error(`KVTransferError(bootstrap_room=${room}): Aborted by AbortReq`), { status: 500 });
+            if (!sameHost(bHost, found.host) || bPort !== found.bootstrapPort) {
+              violation(`sglang decode leg names bootstrap ${bHost}:${bPort} but room ${room} was prefilled on ${found.host}:${found.bootstrapPort}`);
+              throw Object.assign(new Error(`bootstrap room ${room} was not prefilled on ${bHost}:${bPort}`), { status: 502 });
+            }
+            digests[0] = found.digest ?? digest;
+            if (digests[0] !== digest) stats.foreignHandleReads++;
+            Object.assign(source, { upstreamMs: found.queueMs + found.prefillMs, readyAt: time.clock.now() });
+            return found.engineId;
+          },
+        });
         return await generate(res, ctx, {
-          outputTokens: maxTokens,
-          beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs,
+          seq,
+          upstreamMs: 0,
+          source,
           usage: usageOf(tokens, maxTokens, tokens),
           recordLatency: true,
-          clock,
-          digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+          digests,
+          rec,
         });
       }
 
@@ -834,7 +1014,9 @@ export async function startEngine(options) {
       if (kv && typeof kv === 'object' && kv.transfer_id !== undefined && kv.do_remote_decode === true) {
         stats.requests.mooncakePrefill++;
         rec.leg = 'mooncakePrefill';
-        const p = await prefillLocal(hashes, tokens, clock, rec);
+        const p = await prefillOnly(hashes, tokens, rec, Boolean(kv.transfer_id), ctx);
+        if (ctx.closed) return;
+        if (p.seq.state !== 'finished') return refuse(res, p.seq);
         if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
         const transferId = String(kv.transfer_id);
         if (!kv.transfer_id) {
@@ -842,7 +1024,7 @@ export async function startEngine(options) {
           violation('mooncake prefill leg without transfer_id');
         } else {
           // request_finished: delay_free_blocks until D pulls (the worker frees on the send's end)
-          holdKv(`mc/${id}/${transferId}`, digest, Math.ceil(tokens / blockTokens));
+          holdKv(`mc/${id}/${transferId}`, digest, Math.ceil(tokens / blockTokens), p.seq);
           publishTransfer(registry, `${id}/${transferId}`, { engineId: id, mooncakeEngineId, hashes, digest, queueMs: p.queueMs, prefillMs: p.prefillMs });
         }
         stats.outputTokens++;
@@ -872,27 +1054,38 @@ export async function startEngine(options) {
             violation(`mooncake decode leg names remote_engine_id ${kv.remote_engine_id}, ${kv.remote_bootstrap_addr} serves ${source.mooncakeEngineId}`);
             return sendError(res, 500, `KV transfer failed: engine ${kv.remote_engine_id} is not registered at ${kv.remote_bootstrap_addr}`, 'server_error');
           }
-          const found = await waitTransfer(registry, `${source.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
-          if (ctx.closed) return;
-          if (!found) {
-            stats.errors++;
-            return sendError(res, 504, `transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`, 'server_error');
-          }
-          const h = registry.handles.get(`mc/${source.id}/${kv.transfer_id}`);
-          let kvDigest = found.digest;
-          if (h?.state !== 'held') {
-            stats.staleHandleReads++;
-            kvDigest = promptDigest(`stale:${kv.transfer_id}`);
-          } else h.free('read');
-          if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
-          const t = await pullBlocks(hashes, tokens, source.id, clock, rec);
+          // vLLM schedules the request at once: it takes the blocks (WAITING_FOR_REMOTE_KVS) and
+          // its worker pulls them once P has them (mooncake_connector.py)
+          const digests = prompts.map(promptDigest);
+          const from = source;
+          const ready = { upstreamMs: 0, readyAt: 0 };
           return await generate(res, ctx, {
-            outputTokens: maxTokens,
-            beforeFirstMs: found.queueMs + found.prefillMs + t.transferMs,
+            seq: submit('remote', {
+              hashes,
+              tokens,
+              maxTokens,
+              rec,
+              awaitSource: async () => {
+                const found = await waitTransfer(registry, `${from.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
+                if (!found) throw Object.assign(new Error(`transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
+                const h = registry.handles.get(`mc/${from.id}/${kv.transfer_id}`);
+                let kvDigest = found.digest;
+                if (h?.state !== 'held') {
+                  stats.staleHandleReads++;
+                  kvDigest = promptDigest(`stale:${kv.transfer_id}`);
+                } else h.free('read');
+                if (kvDigest !== digest && h?.state === 'read') stats.foreignHandleReads++;
+                digests[0] = kvDigest;
+                Object.assign(ready, { upstreamMs: found.queueMs + found.prefillMs, readyAt: time.clock.now() });
+                return from.id;
+              },
+            }),
+            upstreamMs: 0,
+            source: ready,
             usage: usageOf(tokens, maxTokens, tokens),
             recordLatency: true,
-            clock,
-            digests: prompts.map((q, i) => (i === 0 ? kvDigest : promptDigest(q))),
+            digests,
+            rec,
           });
         }
         // "Got invalid KVTransferParams ... will not utilize KVTransfer": D prefills by itself
@@ -910,10 +1103,15 @@ export async function startEngine(options) {
           if (body[field] !== undefined) violation(`vllm prefill leg has ${field}`);
         }
         rec.leg = 'vllmPrefill';
-        const p = await prefillLocal(hashes, tokens, clock, rec);
+        // P keeps the blocks of a handle until a decode node read them (nixl delay_free_blocks)
+        const p = await prefillOnly(hashes, tokens, rec, !ctx.omitKvTransferParams, ctx);
         // A client gone before the answer cancels the handler (vllm entrypoints/utils.py
         // with_cancellation) and aborts the request: its blocks are freed at once, no handle.
-        if (ctx.closed) return;
+        if (ctx.closed) {
+          core.releaseHeld(p.seq);
+          return;
+        }
+        if (p.seq.state !== 'finished') return refuse(res, p.seq);
         if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
         const totalBlocks = Math.ceil(tokens / blockTokens);
         stats.outputTokens += prompts.length;
@@ -932,7 +1130,8 @@ export async function startEngine(options) {
             for (let s = 0; s < samples; s++) {
               const remoteRequestId = `${base}-${i}${samples > 1 ? `-${s}` : ''}`;
               ids.push(remoteRequestId);
-              holdKv(`${id}/${remoteRequestId}`, promptDigest(q), i === 0 ? totalBlocks : Math.ceil(tokensOf(q) / blockTokens));
+              // the first handle holds the prefill's blocks in KV memory (the others: the simulator prefills prompt 1 only)
+              holdKv(`${id}/${remoteRequestId}`, promptDigest(q), i === 0 ? totalBlocks : Math.ceil(tokensOf(q) / blockTokens), i === 0 && s === 0 ? p.seq : undefined);
             }
           });
           // nixl/scheduler.py request_finished: the handle's field set
@@ -992,31 +1191,118 @@ export async function startEngine(options) {
         }
         const upstream = requestId ? registry.prefills.get(requestId) : undefined;
         rec.leg = 'vllmDecode';
-        const t = await pullBlocks(hashes, tokens, source, clock, rec);
-        const before = (upstream ? upstream.queueMs + upstream.prefillMs : 0) + t.transferMs;
         // D counts the KV it pulled as cached (num_cached_tokens includes external tokens)
-        return await generate(res, ctx, { outputTokens: maxTokens, beforeFirstMs: before, usage: usageOf(tokens, maxTokens, tokens), recordLatency: true, clock, digests });
+        return await generate(res, ctx, {
+          seq: submit('remote', { hashes, tokens, maxTokens, rec, source }),
+          upstreamMs: upstream ? upstream.queueMs + upstream.prefillMs : 0,
+          usage: usageOf(tokens, maxTokens, tokens),
+          recordLatency: true,
+          digests,
+          rec,
+        });
       }
 
-      // Plain OpenAI (colocated), or a decode leg whose prefill handed over nothing
-      // (kv_transfer_params null: P stopped on EOS), so this node prefills by itself.
+      if (kind === 'sglang' && role === 'decode') {
+        // An SGLang decode-mode server has no local prefill: every request goes through its
+        // PreallocQueue with a KV receiver for the request's bootstrap address. Without bootstrap
+        // fields that address is "None:None"; _ensure_prefill_info retries it 15 times a second
+        // apart, then aborts the receiver and the request fails with 500 "Decode handshake failed"
+        // (sgl-project/sglang python/sglang/srt/disaggregation/decode.py DecodePreallocQueue).
+        stats.requests.sglangDecode++;
+        rec.leg = 'sglangDecode';
+        if (ctx.stream) sseHeaders(res);
+        await time.clock.sleep(sglangHandshakeTimeoutMs);
+        if (ctx.closed) return;
+        stats.errors++;
+        const message = `Decode handshake failed for request rank=0 decode_req.req.rid='${requestId ?? randomUUID().replace(/-/g, '')}' decode_req.req.bootstrap_room=None with exception Could not fetch prefill parallel info from None:None after 15 attempts`;
+        if (!ctx.stream) return sendError(res, 500, message, 'InternalServerError');
+        res.end(`data: ${JSON.stringify({ error: { message, type: 'InternalServerError', param: null, code: 500 } })}\n\ndata: [DONE]\n\n`);
+        return;
+      }
+      // Plain OpenAI (colocated), or a vLLM decode node given no kv_transfer_params (or null: P
+      // stopped on EOS), which prefills by itself through its own step loop: its prefill chunks
+      // share steps with its decodes.
       if (kv === undefined) stats.requests.colocated++;
       else stats.requests.vllmDecode++;
       if (role === 'decode') stats.selfPrefills++;
       rec.leg = kv === undefined ? 'colocated' : 'vllmDecode';
-      const p = await prefillLocal(hashes, tokens, clock, rec);
+      const seq = submit('local', { hashes, tokens, maxTokens, rec });
       return await generate(res, ctx, {
-        outputTokens: maxTokens,
-        beforeFirstMs: p.queueMs + p.prefillMs,
-        usage: usageOf(tokens, maxTokens, p.cachedTokens),
+        seq,
+        upstreamMs: 0,
+        usage: () => usageOf(tokens, maxTokens, seq.cachedTokens),
         recordLatency: true,
-        clock,
         digests: prompts.map(promptDigest),
+        rec,
       });
     } catch (error) {
       stats.errors++;
       if (!res.headersSent) sendError(res, 500, `simulated engine failed: ${error instanceof Error ? error.message : String(error)}`, 'server_error');
       else res.destroy();
+    }
+  }
+
+  /**
+   * The /metrics body as the engine's model has it now; `override` values replace the model's.
+   * @param {{ kvUsage?: number, waiting?: number, running?: number }} [values]
+   */
+  function metricsBody(values = {}) {
+    const counts = core.counts();
+    return renderMetrics(
+      {
+        kind: /** @type {'vllm' | 'sglang'} */ (kind),
+        vllmMetrics: /** @type {'v1' | 'v0'} */ (vllmMetrics),
+        sglangPrefix: /** @type {'sglang:' | 'sglang_'} */ (sglangMetricsPrefix),
+      },
+      {
+        modelName: models[0],
+        kvUsage: values.kvUsage ?? memory.usage(),
+        waiting: values.waiting ?? counts.waiting,
+        running: values.running ?? counts.running,
+        blockSize: memory.blockSize,
+        numGpuBlocks: memory.numBlocks,
+        gpuMemoryUtilization: figures.gpuMemoryUtilization,
+        promptTokens: stats.promptTokens,
+        generationTokens: stats.outputTokens,
+        preemptions: core.stats.preemptions,
+        prefixQueries: stats.promptTokens,
+        prefixHits: stats.cachedTokens,
+      },
+    );
+  }
+
+  /**
+   * GET /metrics, through the test-only metrics fault (sim/cluster.mjs documents it).
+   * @param {http.ServerResponse} res
+   */
+  async function serveMetrics(res) {
+    const f = metricsFault;
+    const send = (/** @type {string} */ body) => {
+      if (res.destroyed) return;
+      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', 'content-length': Buffer.byteLength(body) });
+      res.end(body);
+    };
+    switch (f.mode) {
+      case 'status':
+        return sendError(res, f.status, `simulated /metrics status ${f.status}`, 'server_error');
+      case 'slow':
+        await sleepReal(f.delayMs);
+        return send(metricsBody());
+      case 'garbage':
+        res.writeHead(200, { 'content-type': 'text/html' });
+        return res.end('<html><body>502 Bad Gateway</body></html>\n{"not": "prometheus"}\nvllm:kv_cache_usage_perc{engine="0" NaNa\n');
+      case 'huge': {
+        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' });
+        for (const chunk of hugeMetrics(metricsBody(), f.bytes)) {
+          if (res.destroyed) return;
+          if (!res.write(chunk)) await drained(res);
+        }
+        return res.end();
+      }
+      case 'override':
+        return send(metricsBody(f.values));
+      default:
+        return send(metricsBody());
     }
   }
 
@@ -1040,6 +1326,7 @@ export async function startEngine(options) {
         fault: () => fault,
         inflight: (/** @type {number} */ d) => void (inflight += d),
         record: (/** @type {RequestLogEntry} */ e) => void (log.push(e) > MAX_LOG && log.shift()),
+        submit: (/** @type {'local' | 'prefill' | 'remote'} */ k, /** @type {{ hashes: string[], tokens: number, maxTokens: number, source?: string }} */ o) => submit(k, o),
       };
       import('./endpoints.mjs')
         .then((m) => m.handleEndpoint(req, res, path, hooks))
@@ -1060,6 +1347,11 @@ export async function startEngine(options) {
         return;
       }
       return sendJson(res, 200, { status: 'ok' });
+    }
+    if (req.method === 'GET' && path === '/metrics') {
+      req.resume();
+      serveMetrics(res).catch(() => res.destroy());
+      return;
     }
     if (req.method === 'GET' && path === '/query') {
       // the Mooncake bootstrap server of a vLLM P (kv_connector/v1/mooncake/mooncake_utils.py
@@ -1123,28 +1415,56 @@ export async function startEngine(options) {
     cache,
     running: true,
     mooncakeEngineId,
-    stats: () => ({
-      id,
-      role,
-      ...structuredClone(stats),
-      inflight,
-      cacheBlocksUsed: cache.size,
-      running: engine.running,
-      heldHandles: held.size,
-      heldBlocks: [...held.values()].reduce((sum, h) => sum + h.blocks, 0),
-    }),
+    stats: () => {
+      const now = time.clock.now();
+      const usage = core.usageSummary(now);
+      const counts = core.counts();
+      return {
+        id,
+        role,
+        kind,
+        preset: figures.preset,
+        ...structuredClone(stats),
+        inflight,
+        cacheBlocksUsed: cache.size,
+        running: engine.running,
+        heldHandles: held.size,
+        heldBlocks: [...held.values()].reduce((sum, h) => sum + h.blocks, 0),
+        // the engine model: KV memory (blocks of blockSize tokens), queue and batch, step loop
+        kvUsage: memory.usage(),
+        kvUsagePeak: usage.peak,
+        kvUsageMean: usage.mean,
+        numGpuBlocks: memory.numBlocks,
+        blockSize: memory.blockSize,
+        kvEvictions: memory.evictions,
+        waitingRequests: counts.waiting,
+        runningRequests: counts.running,
+        preemptions: core.stats.preemptions,
+        steps: core.stats.steps,
+        busyMs: core.stats.busyMs,
+        ingestStallMs: core.stats.stallMs,
+        simNowMs: now,
+      };
+    },
     setOptions,
     requests: () => [...log],
     requestStats: () => Object.fromEntries(requestStats),
+    metrics: metricsBody,
+    setMetricsFault(f) {
+      metricsFault = { mode: f.mode ?? 'none', values: f.values ?? {}, delayMs: f.delayMs ?? 5000, status: f.status ?? 500, bytes: f.bytes ?? 10_000_000 };
+    },
+    model: () => ({ figures, memory, core, clock: time.clock, fabric: time.fabric }),
     reset() {
       for (const h of [...held.values()]) h.free('expired');
       held.clear();
       inflightIds.clear();
-      cache.clear();
+      core.reset();
+      memory.clear();
       stats = emptyStats();
       log = [];
       requestStats = new Map();
       fault = { mode: 'none', count: Infinity, delayMs: 0, afterChunks: 2, health: true, status: 200, headers: {}, body: '', bytes: 0, newline: true };
+      metricsFault = { mode: 'none', values: {}, delayMs: 5000, status: 500, bytes: 10_000_000 };
     },
     setFault(f) {
       fault = {
@@ -1176,6 +1496,7 @@ export async function startEngine(options) {
     },
     async close() {
       await engine.stop();
+      core.close();
       if (registry.engines.get(id) === engine) registry.engines.delete(id);
     },
   };
@@ -1234,14 +1555,23 @@ async function flood(res, bytes, newline) {
   res.write(head);
   const piece = 'x'.repeat(64 << 10);
   for (let left = bytes - head.length; left > 0 && !res.destroyed; left -= piece.length) {
-    if (!res.write(left >= piece.length ? piece : piece.slice(0, left)))
-      await new Promise((resolve) => {
-        res.once('drain', resolve);
-        res.once('close', resolve);
-      });
+    if (!res.write(left >= piece.length ? piece : piece.slice(0, left))) await drained(res);
   }
   if (res.destroyed) return;
   res.end(newline ? '"}\n\ndata: [DONE]\n\n' : '');
+}
+
+/** Resolves when a response can take more, or closed. @param {http.ServerResponse} res */
+function drained(res) {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve(undefined);
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
 }
 
 /** Send SSE response headers unless they went out already. @param {http.ServerResponse} res */
@@ -1289,24 +1619,6 @@ export function promptsOf(body, chat) {
   if (!chat && Array.isArray(p) && p.length > 1 && (typeof p[0] === 'string' || Array.isArray(p[0]))) return p;
   const one = promptOf(body, chat);
   return one === undefined ? [] : [one];
-}
-
-/** @param {string} a @param {string} b */
-/**
- * Sleep simulated ms. Sub-millisecond debts are carried so that many tiny steps still add up to
- * the right real time; in between we only yield, which still lets each chunk flush.
- * @param {{ debt: number }} clock @param {number} simMs @param {number} timeScale
- */
-export async function sleepSimulated(clock, simMs, timeScale) {
-  if (timeScale <= 0 || simMs <= 0) return;
-  clock.debt += simMs * timeScale;
-  if (clock.debt >= 1) {
-    const ms = Math.floor(clock.debt);
-    clock.debt -= ms;
-    await sleepReal(ms);
-  } else {
-    await new Promise((resolve) => setImmediate(resolve));
-  }
 }
 
 /**

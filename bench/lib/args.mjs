@@ -52,3 +52,22 @@ export function listOption(options, name = 'policy', allowed = ALL_POLICIES, fal
   for (const item of list) if (!allowed.includes(item)) throw new Error(`--${name}: unknown ${item} (one of ${allowed.join(', ')})`);
   return list;
 }
+
+/**
+ * `--engine key=value,key=value`: engine options (numbers or booleans) merged over a preset, for
+ * calibration runs (docs/simulator.md says which were calibrated, on what).
+ * @param {Record<string, string | true>} options
+ * @returns {Record<string, number | boolean | string>}
+ */
+export function engineOverrides(options) {
+  const v = stringOption(options, 'engine');
+  if (v === undefined) return {};
+  /** @type {Record<string, number | boolean | string>} */
+  const out = {};
+  for (const pair of v.split(',').filter(Boolean)) {
+    const [k, raw] = pair.split('=');
+    if (!k || raw === undefined) throw new Error(`--engine: ${pair} is not key=value`);
+    out[k.trim()] = raw === 'true' ? true : raw === 'false' ? false : Number.isFinite(Number(raw)) ? Number(raw) : raw;
+  }
+  return out;
+}

@@ -125,7 +125,7 @@ export function freePort() {
  * @typedef {import('../../sim/cluster.mjs').EngineSpec} EngineSpec
  * @typedef {Awaited<ReturnType<typeof liveSim.startSimCluster>>} SimCluster
  * @typedef {Awaited<ReturnType<typeof startRouter>>} Router
- * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, close: () => Promise<void> }} Stack
+ * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, simNowMs: () => number, close: () => Promise<void> }} Stack
  */
 
 /**
@@ -178,6 +178,8 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
     router: /** @type {Router} */ (router),
     stats: () => control('/stats'),
     requestStats: () => control('/request-stats'),
+    // the engines' simulated clock (one per cluster; sim/model/clock.mjs)
+    simNowMs: () => /** @type {any} */ ([...cluster.engines.values()][0]).model().clock.now(),
     close,
   };
 }

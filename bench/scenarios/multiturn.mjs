@@ -1,45 +1,71 @@
-// `multiturn`: 2P+2D (vllm), conversations of several turns, each turn the whole history plus a
-// new user message: does the policy keep a conversation on the nodes that hold its prefix?
-import { listOption, numberOption } from '../lib/args.mjs';
-import { policyFor, startStack } from '../lib/harness.mjs';
+// `multiturn` (seed 000): 2P+2D vllm on the seed000 preset (H200, 400G IB a GPU, Qwen3-14B bf16),
+// conversations of several turns, each turn the whole history plus a new user message. Per
+// configuration: does the policy keep a conversation on the nodes that hold its prefix, and what
+// does that do to decode: full-context re-pulls of KV onto D collide with its decode steps (ITL,
+// TPOT) and cost throughput. Configurations: round_robin, P affinity with D round-robin, P+D
+// affinity (and optionally cache_aware), plus a 1P+1D isolation baseline.
+//
+// Time: the engines run on the cluster's simulated clock (--time-scale real ms per simulated ms,
+// 0.5 by default). Latencies are the engines' own simulated figures (TTFT composed from P's queue
+// and prefill, D's wait, pull and first step: the router's time between legs is not in it);
+// throughput is output tokens over the simulated span of the run, which does include the router's
+// real time scaled up (reported: its share is small at this scale).
+import { engineOverrides, listOption, numberOption } from '../lib/args.mjs';
+import { startStack } from '../lib/harness.mjs';
 import { postJsonRetrying, createAgent } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
+import { SEED000, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { seededText } from '../lib/text.mjs';
 
 const CHARS_PER_TOKEN = 4;
-/** the engines' defaults (sim/engine.mjs) */
-const DECODE_BASE_MS = 15;
-const TRANSFER_INTERFERENCE_MS = 20;
 /** shared by every conversation: realistic, and a shared system prompt must not decide */
 const SYSTEM_PROMPT = 'You are a helpful assistant. Answer precisely and keep answers short.';
 
 /**
+ * The configurations, as data: a name, the cluster document's policy, how many P and D, and the
+ * share of the workload's clients and conversations it runs (the 1P+1D baseline runs half of
+ * them: the same load a pair as 2P+2D, so a P/D pair works in isolation from the others).
+ * @type {Record<string, { policy: Record<string, string>, prefill: number, decode: number, label: string, loadShare?: number }>}
+ */
+export const MULTITURN_CONFIGS = {
+  round_robin: { policy: { prefill: 'round_robin', decode: 'round_robin' }, prefill: 2, decode: 2, label: 'round-robin' },
+  p_affinity: { policy: { prefill: 'affinity', decode: 'round_robin' }, prefill: 2, decode: 2, label: 'P affinity, D round-robin' },
+  pd_affinity: { policy: { prefill: 'affinity', decode: 'affinity' }, prefill: 2, decode: 2, label: 'P+D affinity' },
+  cache_aware: { policy: { prefill: 'cache_aware', decode: 'cache_aware' }, prefill: 2, decode: 2, label: 'cache_aware' },
+  isolation_1p1d: { policy: { prefill: 'affinity', decode: 'affinity' }, prefill: 1, decode: 1, label: '1P+1D isolation baseline', loadShare: 0.5 },
+};
+const DEFAULT_CONFIGS = ['round_robin', 'p_affinity', 'pd_affinity', 'isolation_1p1d'];
+
+/**
  * @param {Record<string, string | true>} options
- * @param {string[]} [fallbackPolicies]
  */
 export function multiturnConfig(options) {
+  const quick = options.quick === true;
   return {
-    policies: listOption(options),
-    conversations: numberOption(options, 'conversations', 60),
-    turns: numberOption(options, 'turns', 5),
+    configs: listOption(options, 'config', Object.keys(MULTITURN_CONFIGS), DEFAULT_CONFIGS),
+    preset: typeof options.preset === 'string' ? options.preset : 'seed000',
+    conversations: numberOption(options, 'conversations', quick ? 16 : 60),
+    turns: numberOption(options, 'turns', quick ? 4 : 5),
     firstTurnTokens: numberOption(options, 'first-turn-tokens', 8192),
     turnTokens: numberOption(options, 'turn-tokens', 2048),
-    outputTokens: numberOption(options, 'output-tokens', 128),
-    concurrency: numberOption(options, 'concurrency', 12),
-    timeScale: numberOption(options, 'time-scale', 1),
+    outputTokens: numberOption(options, 'output-tokens', quick ? 64 : 128),
+    concurrency: numberOption(options, 'concurrency', quick ? 8 : 12),
+    timeScale: numberOption(options, 'time-scale', quick ? 0.1 : 0.5),
+    engine: engineOverrides(options),
+    quick,
   };
 }
 
 /**
  * Run the conversations against a router; each turn appends the answer and a new user message.
  * @param {string} routerUrl
- * @param {ReturnType<typeof multiturnConfig>} cfg
+ * @param {{ conversations: number, turns: number, firstTurnTokens: number, turnTokens: number, outputTokens: number, concurrency: number }} cfg
  * @param {string} [idPrefix] x-request-id prefix
  */
 export async function runConversations(routerUrl, cfg, idPrefix = '') {
   const agent = createAgent(cfg.concurrency);
-  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string }[]} */
+  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, totalMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string }[]} */
   const turns = [];
   let nextConv = 0;
   const worker = async () => {
@@ -61,6 +87,7 @@ export async function runConversations(routerUrl, cfg, idPrefix = '') {
           status: res.status,
           error: res.error ?? (res.status === 200 ? undefined : `HTTP ${res.status}: ${JSON.stringify(res.json ?? '').slice(0, 200)}`),
           ttfbMs: res.ttfbMs,
+          totalMs: res.totalMs,
           retries: res.retries ?? 0,
           cachedTokens: res.usage?.prompt_tokens_details?.cached_tokens ?? 0,
           promptTokens: res.usage?.prompt_tokens ?? 0,
@@ -77,51 +104,70 @@ export async function runConversations(routerUrl, cfg, idPrefix = '') {
   return turns;
 }
 
+/** The engines of a configuration. @param {{ prefill: number, decode: number }} c */
+function enginesOf(c) {
+  return [
+    ...Array.from({ length: c.prefill }, (_, i) => ({ id: `p${i}`, role: /** @type {const} */ ('prefill') })),
+    ...Array.from({ length: c.decode }, (_, i) => ({ id: `d${i}`, role: /** @type {const} */ ('decode') })),
+  ];
+}
+
 /** @param {Record<string, string | true>} options */
 export async function runMultiturn(options) {
   const cfg = multiturnConfig(options);
-  const engines = [
-    { id: 'p0', role: /** @type {const} */ ('prefill') },
-    { id: 'p1', role: /** @type {const} */ ('prefill') },
-    { id: 'd0', role: /** @type {const} */ ('decode') },
-    { id: 'd1', role: /** @type {const} */ ('decode') },
-  ];
   const results = [];
-  for (const policy of cfg.policies) {
+  for (const name of cfg.configs) {
+    const c = MULTITURN_CONFIGS[name];
     const t0 = performance.now();
     const stack = await startStack({
-      engines,
-      defaults: { timeScale: cfg.timeScale },
+      engines: enginesOf(c),
+      defaults: { timeScale: cfg.timeScale, preset: cfg.preset, ...cfg.engine },
       clusterDocument: (started) => ({
         protocol: 'vllm',
-        policy: policyFor(policy),
+        policy: c.policy,
         nodes: [...started.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })),
       }),
     });
     try {
       const started = performance.now();
-      const turns = await runConversations(stack.router.url, cfg);
+      const simStart = stack.simNowMs();
+      const share = c.loadShare ?? 1;
+      const turns = await runConversations(stack.router.url, {
+        ...cfg,
+        conversations: Math.max(1, Math.round(cfg.conversations * share)),
+        concurrency: Math.max(1, Math.round(cfg.concurrency * share)),
+      });
+      const simSpanMs = stack.simNowMs() - simStart;
       const wallS = (performance.now() - started) / 1000;
       const stats = await stack.stats();
       const perRequest = await stack.requestStats();
-      results.push({ policy, ...multiturnFigures({ turns, stats, perRequest, wallS, timeScale: cfg.timeScale }), totalS: round((performance.now() - t0) / 1000, 1) });
-      process.stderr.write(`multiturn ${policy}: ${round(wallS, 1)} s\n`);
+      results.push({
+        config: name,
+        policy: name,
+        label: c.label,
+        nodes: `${c.prefill}P+${c.decode}D`,
+        concurrency: Math.max(1, Math.round(cfg.concurrency * (c.loadShare ?? 1))),
+        ...multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, timeScale: cfg.timeScale, concurrency: Math.max(1, Math.round(cfg.concurrency * share)) }),
+        totalS: round((performance.now() - t0) / 1000, 1),
+      });
+      process.stderr.write(`multiturn ${name}: ${round(wallS, 1)} s\n`);
     } finally {
       await stack.close();
     }
   }
+  const comparisons = multiturnComparisons(results);
   return {
-    report: { scenario: 'multiturn', config: cfg, results, targets: multiturnTargets(results) },
-    table: multiturnTable(results) + '\n\n' + targetsTable(multiturnTargets(results)),
+    report: { scenario: 'multiturn', config: cfg, results, comparisons, published: SEED000 },
+    table: `${multiturnTable(results)}\n\n${comparisonsTable(comparisons)}`,
     chart: {
-      title: `multiturn: 2P+2D, ${cfg.conversations} conversations x ${cfg.turns} turns`,
-      series: results.map((r) => r.policy),
+      title: `multiturn (seed 000): ${cfg.conversations} conversations x ${cfg.turns} turns, H200 + Qwen3-14B (simulated)`,
+      series: results.map((r) => r.config),
       figures: [
-        { name: 'P hit ratio', values: results.map((r) => r.pHitRatio) },
-        { name: 'turns>1 with locality miss', values: results.map((r) => r.turnsWithLocalityMissAfterFirst) },
-        { name: 'D full re-pulls after turn 1', values: results.map((r) => r.dFullRepullsAfterFirst) },
+        { name: 'out tok/s (sim)', values: results.map((r) => r.outTokPerS) },
         { name: 'ITL p99 (sim ms)', values: results.map((r) => r.itlP99Ms) },
-        { name: 'TTFT p99 (sim ms)', values: results.map((r) => r.ttftP99Ms) },
+        { name: 'TPOT p99 (sim ms)', values: results.map((r) => r.tpotP99Ms) },
+        { name: 'D full re-pulls', values: results.map((r) => r.decodeFullRepulls) },
+        { name: 'P cross-node fetches', values: results.map((r) => r.prefillCrossNodeFetches) },
       ],
     },
   };
@@ -129,13 +175,15 @@ export async function runMultiturn(options) {
 
 /**
  * @param {object} input
- * @param {{ conv: number, turn: number, status: number, error?: string }[]} input.turns
+ * @param {{ conv: number, turn: number, status: number, error?: string, totalMs?: number }[]} input.turns
  * @param {Record<string, any>} input.stats engine id -> engine stats
  * @param {Record<string, Record<string, any>>} input.perRequest x-request-id -> engine id -> leg figures
  * @param {number} input.wallS
- * @param {number} input.timeScale
+ * @param {number} input.simSpanMs the run's span on the cluster's simulated clock
+ * @param {number} input.timeScale real ms per simulated ms
+ * @param {number} input.concurrency clients sending turns
  */
-export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale }) {
+export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, timeScale, concurrency }) {
   const engines = Object.values(stats);
   const ps = engines.filter((e) => e.role === 'prefill');
   const ds = engines.filter((e) => e.role === 'decode');
@@ -162,7 +210,24 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale })
   const tpot = ds.flatMap((e) => e.tpotMs);
   const itl = ds.flatMap((e) => e.itlMs);
   const outputTokens = sum(ds, (e) => e.outputTokens);
-  const dRequests = ds.map((e) => e.requests.vllmDecode);
+  const dBusy = sum(ds, (e) => e.busyMs);
+  // The router's own time in a turn: what the client waited (real ms) beyond the engines' simulated
+  // time for it (P's queue and prefill, D's wait, pull and decode), in simulated ms.
+  /** @type {Map<string, number>} */
+  const e2eByTurn = new Map();
+  for (const [id, legs] of Object.entries(perRequest)) {
+    const m = /(conv\d+-turn\d+)/.exec(id);
+    for (const rec of Object.values(legs)) if (m && rec.leg === 'vllmDecode' && rec.e2eMs !== undefined) e2eByTurn.set(m[1], rec.e2eMs);
+  }
+  const overheadSimMs = [];
+  const overheadShare = [];
+  for (const t of turns) {
+    const e2e = e2eByTurn.get(`conv${t.conv}-turn${t.turn}`);
+    if (e2e === undefined || t.totalMs === undefined) continue;
+    const overhead = Math.max(0, t.totalMs / timeScale - e2e);
+    overheadSimMs.push(overhead);
+    overheadShare.push(overhead / (overhead + e2e));
+  }
   return {
     requests: turns.length,
     errors: turns.filter((t) => t.status !== 200 || t.error).length,
@@ -180,9 +245,12 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale })
     dLocalityMissBlocks: sum(ds, (e) => e.localityMissBlocks),
     turnsAfterFirst: afterFirst,
     turnsWithLocalityMissAfterFirst: withMiss,
-    turnsWithPLocalityMissAfterFirst: withPMiss,
+    // a P leg after the first turn whose prefix another node held: with a shared KV store
+    // (the seed's setup) that is a cross-node prefix fetch; here P recomputes it
+    prefillCrossNodeFetches: withPMiss,
     turnsWithDLocalityMissAfterFirst: withDMiss,
-    dFullRepulls: sum(ds, (e) => e.fullRepulls),
+    // every pull that moved a decode node's whole context (the first turn's included)
+    decodeFullRepulls: sum(ds, (e) => e.fullRepulls),
     dFullRepullsAfterFirst: fullRepullsAfterFirst,
     dSuffixPulls: sum(ds, (e) => e.suffixPulls),
     dBlocksPulled: sum(ds, (e) => e.blocksPulled),
@@ -190,92 +258,109 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, timeScale })
     ttftP99Ms: round(percentile(ttft, 99), 1),
     tpotP50Ms: round(percentile(tpot, 50), 2),
     tpotP99Ms: round(percentile(tpot, 99), 2),
-    itlP50Ms: round(percentile(itl, 50), 1),
-    itlP99Ms: round(percentile(itl, 99), 1),
+    itlP50Ms: round(percentile(itl, 50), 2),
+    itlP99Ms: round(percentile(itl, 99), 2),
     meanItlMs: round(mean(itl), 2),
-    // decode steps slowed by a KV transfer on the same D (the engine adds transferInterferenceMs
-    // to every step while any transfer runs; without it a step is decodeBaseMs + batch size)
-    itlTransferSlowedShare: round(itl.filter((x) => x >= DECODE_BASE_MS + TRANSFER_INTERFERENCE_MS).length / Math.max(1, itl.length), 4),
+    // share of D's step time lost to KV landing on it (seed 000's collision)
+    dLandingShare: round(sum(ds, (e) => e.ingestStallMs) / Math.max(1, dBusy), 4),
+    dKvPeak: round(Math.max(...ds.map((e) => e.kvUsagePeak)), 3),
     outputTokens,
-    // simulated seconds = real seconds / time scale (router and client overhead scale up too)
-    outputTokPerSimS: round(outputTokens / (wallS / timeScale), 1),
-    outputTokPerS: round(outputTokens / wallS, 1),
+    simSpanS: round(simSpanMs / 1000, 1),
+    // the cluster's throughput by construction: concurrency x tokens a turn / a turn's simulated
+    // time at the engines (Little's law), so the router's real time is not in it
+    outTokPerS: round((concurrency * (outputTokens / Math.max(1, e2eByTurn.size))) / (mean([...e2eByTurn.values()]) / 1000), 1),
+    // the same over the run's simulated span, the router's time (scaled) included
+    outTokPerSWithRouter: round(outputTokens / (simSpanMs / 1000), 1),
+    routerOverheadSimP50Ms: round(percentile(overheadSimMs, 50), 1),
+    routerOverheadShareP50: round(percentile(overheadShare, 50), 4),
     pRequests: ps.map((e) => e.requests.vllmPrefill),
-    dRequests,
+    dRequests: ds.map((e) => e.requests.vllmDecode),
     wallS: round(wallS, 2),
   };
 }
 
-/** @param {Record<string, any>[]} results */
-export function multiturnTargets(results) {
-  const rr = results.find((r) => r.policy === 'round_robin');
-  const aff = results.find((r) => r.policy === 'affinity');
-  if (!rr || !aff) return [];
-  return [
-    {
-      target: 'locality misses after the first turn near zero (published 30 -> 1)',
-      roundRobin: rr.turnsWithLocalityMissAfterFirst,
-      affinity: aff.turnsWithLocalityMissAfterFirst,
-      met: aff.turnsWithLocalityMissAfterFirst <= Math.max(1, 0.05 * rr.turnsWithLocalityMissAfterFirst),
-    },
-    // a first turn's pull is a full pull under any policy; a RE-pull is one after the first turn
-    {
-      target: 'D full re-pulls (after the first turn) at least halved',
-      roundRobin: rr.dFullRepullsAfterFirst,
-      affinity: aff.dFullRepullsAfterFirst,
-      met: aff.dFullRepullsAfterFirst * 2 <= rr.dFullRepullsAfterFirst,
-    },
-    { target: 'ITL p99 clearly lower (<= 0.9x)', roundRobin: rr.itlP99Ms, affinity: aff.itlP99Ms, met: aff.itlP99Ms <= 0.9 * rr.itlP99Ms },
-  ];
-}
-
-/** @param {{ target: string, roundRobin: number, affinity: number, met: boolean }[]} targets */
-export function targetsTable(targets) {
-  if (targets.length === 0) return '';
-  return markdownTable(
-    ['target (affinity vs round_robin)', 'round_robin', 'affinity', 'met'],
-    targets.map((t) => [t.target, t.roundRobin, t.affinity, t.met ? 'yes' : 'NO']),
-  );
+/** Ours against the published ratios (seed 000). @param {Record<string, any>[]} results */
+export function multiturnComparisons(results) {
+  const by = Object.fromEntries(results.map((r) => [r.config, r]));
+  const pub = SEED000.configs;
+  /** @type {ReturnType<typeof compareRatio>[]} */
+  const out = [];
+  const pair = (/** @type {string} */ a, /** @type {string} */ b, /** @type {'itlP99Ms' | 'tpotP99Ms' | 'outTokPerS'} */ k, /** @type {string} */ what) => {
+    if (by[a] && by[b] && /** @type {any} */ (pub)[a]?.[k] !== undefined && /** @type {any} */ (pub)[b]?.[k] !== undefined)
+      out.push(compareRatio(what, /** @type {any} */ (pub)[a][k], /** @type {any} */ (pub)[b][k], by[a][k], by[b][k]));
+  };
+  pair('round_robin', 'pd_affinity', 'itlP99Ms', 'ITL p99: round-robin / P+D affinity');
+  pair('p_affinity', 'pd_affinity', 'itlP99Ms', 'ITL p99: P affinity / P+D affinity');
+  pair('round_robin', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: round-robin / P+D affinity');
+  pair('p_affinity', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: P affinity / P+D affinity');
+  pair('pd_affinity', 'round_robin', 'outTokPerS', 'out tok/s: P+D affinity / round-robin');
+  pair('pd_affinity', 'p_affinity', 'outTokPerS', 'out tok/s: P+D affinity / P affinity');
+  pair('pd_affinity', 'isolation_1p1d', 'itlP99Ms', 'ITL p99: P+D affinity / 1P+1D baseline');
+  pair('pd_affinity', 'isolation_1p1d', 'outTokPerS', 'out tok/s: P+D affinity (2P+2D) / 1P+1D baseline');
+  const counts = SEED000.counts;
+  if (by.round_robin && by.pd_affinity) {
+    out.push(
+      compareRatio(
+        'D full re-pulls: round-robin / P+D affinity',
+        counts.decodeFullRepulls.round_robin,
+        counts.decodeFullRepulls.pd_affinity,
+        by.round_robin.decodeFullRepulls,
+        by.pd_affinity.decodeFullRepulls,
+      ),
+    );
+    out.push(
+      compareRatio(
+        'P cross-node prefix fetches: round-robin / P+D affinity',
+        counts.prefillCrossNodeFetches.round_robin,
+        counts.prefillCrossNodeFetches.pd_affinity,
+        by.round_robin.prefillCrossNodeFetches,
+        Math.max(1, by.pd_affinity.prefillCrossNodeFetches),
+      ),
+    );
+  }
+  return out;
 }
 
 /** @param {Record<string, any>[]} results */
 function multiturnTable(results) {
   return markdownTable(
     [
-      'policy',
-      'P hit ratio',
-      'P loc-miss blocks',
-      'D loc-miss blocks',
-      'turns>1 w/ loc miss (P/D)',
-      'D full pulls all (turns>1)',
-      'D suffix pulls',
-      'TTFT p50/p99 ms',
+      'config',
+      'nodes (clients)',
+      'out tok/s (sim; with router)',
       'TPOT p50/p99 ms',
       'ITL p50/p99 ms',
-      'steps slowed by transfer',
-      'out tok/s (sim)',
+      'TTFT p50/p99 ms',
+      'P cross-node fetches',
+      'D full re-pulls (turns>1)',
+      'D suffix pulls',
+      'D step time lost to landing KV',
+      'P hit ratio',
+      'D KV peak',
       'P reqs',
       'D reqs',
+      'router overhead p50 (sim ms, share of a turn)',
       'errors (retried)',
-      'wall s',
+      'sim s / wall s',
     ],
     results.map((r) => [
-      r.policy,
-      r.pHitRatio,
-      r.pLocalityMissBlocks,
-      r.dLocalityMissBlocks,
-      `${r.turnsWithLocalityMissAfterFirst}/${r.turnsAfterFirst} (${r.turnsWithPLocalityMissAfterFirst}/${r.turnsWithDLocalityMissAfterFirst})`,
-      `${r.dFullRepulls} (${r.dFullRepullsAfterFirst})`,
-      r.dSuffixPulls,
-      `${r.ttftP50Ms} / ${r.ttftP99Ms}`,
+      r.config,
+      `${r.nodes} (${r.concurrency})`,
+      `${r.outTokPerS} (${r.outTokPerSWithRouter})`,
       `${r.tpotP50Ms} / ${r.tpotP99Ms}`,
       `${r.itlP50Ms} / ${r.itlP99Ms}`,
-      r.itlTransferSlowedShare,
-      r.outputTokPerSimS,
+      `${r.ttftP50Ms} / ${r.ttftP99Ms}`,
+      `${r.prefillCrossNodeFetches}/${r.turnsAfterFirst}`,
+      `${r.decodeFullRepulls} (${r.dFullRepullsAfterFirst})`,
+      r.dSuffixPulls,
+      r.dLandingShare,
+      r.pHitRatio,
+      r.dKvPeak,
       r.pRequests.join('/'),
       r.dRequests.join('/'),
+      `${r.routerOverheadSimP50Ms} (${r.routerOverheadShareP50})`,
       `${r.errors} (${r.devProxyRetries})`,
-      r.wallS,
+      `${r.simSpanS} / ${r.wallS}`,
     ]),
   );
 }

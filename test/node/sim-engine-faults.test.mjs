@@ -63,8 +63,9 @@ describe('streaming', () => {
       expect(chunks[6].usage.prompt_tokens_details).toBeUndefined();
       const s = slow.stats();
       expect(s.itlMs).toHaveLength(5);
-      expect(s.itlMs.every((x) => x === 16)).toBe(true);
-      expect(s.tpotMs[0]).toBe(16);
+      // a one-sequence decode step: the weights read (15 ms) + 1 ms for the sequence + its tiny context
+      for (const x of s.itlMs) expect(x).toBeCloseTo(16, 2);
+      expect(s.tpotMs[0]).toBeCloseTo(16, 2);
     } finally {
       await slow.close();
     }

@@ -1,7 +1,9 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { startSimCluster } from '../../sim/cluster.mjs';
 
-// timeScale 1: simulated ms are real ms, so concurrent requests really overlap
+// timeScale 1: simulated ms are real ms, so concurrent requests really overlap. The mechanisms
+// themselves are tested deterministically on the model (sim-model-*.test.mjs); this checks them
+// through the engine's HTTP layer.
 let cluster;
 const eng = (id) => cluster.engines.get(id);
 const post = (id, body, headers = {}) => fetch(eng(id).url + '/v1/completions', { method: 'POST', headers, body: JSON.stringify(body) });
@@ -20,21 +22,20 @@ beforeAll(async () => {
 afterAll(() => cluster?.close());
 beforeEach(() => fetch(cluster.controlUrl + '/reset', { method: 'POST' }));
 
-describe('time model', () => {
-  it('queues prefills on one node: the second waits for the first', async () => {
-    const prompt = (tag) => blocks(tag, 4); // 2048 tokens: 102.4 ms of prefill each
-    await Promise.all([post('c0', { prompt: prompt('a'), max_tokens: 1 }), post('c0', { prompt: prompt('b'), max_tokens: 1 })]);
-    const ttft = eng('c0')
-      .stats()
-      .ttftMs.sort((x, y) => x - y);
-    expect(ttft[0]).toBeGreaterThanOrEqual(102.4 + 16);
-    expect(ttft[1]).toBeGreaterThanOrEqual(ttft[0] + 80); // queued behind ~102 ms of work
+describe('time model over HTTP', () => {
+  it('answers a prefill leg with the token of its last prefill step', async () => {
+    const res = await post('c0', { prompt: blocks('a', 4), max_tokens: 1 }); // 2048 tokens
+    expect(res.status).toBe(200);
+    const [ttft] = eng('c0').stats().ttftMs;
+    // one step of 2048 tokens at 0.05 ms a token, plus their attention; no separate decode step
+    expect(ttft).toBeGreaterThanOrEqual(102.4);
+    expect(ttft).toBeLessThan(102.4 + 15);
   });
 
-  it('slows decode steps by the sequences decoding and by an incoming transfer', async () => {
+  it('slows decode steps by the sequences decoding and by KV landing on the node', async () => {
     const long = post('d0', { prompt: 'x', max_tokens: 25, stream: false, kv_transfer_params: null });
     await new Promise((r) => setTimeout(r, 60));
-    // a 20-block pull lands on d0 while it decodes: 100 ms of transfer interference
+    // a 20-block pull lands on d0 while it decodes (100 ms at the link's rate)
     const pull = post('d0', {
       prompt: blocks('z', 20),
       max_tokens: 1,
@@ -42,7 +43,9 @@ describe('time model', () => {
     });
     await Promise.all([long, pull]);
     const itl = eng('d0').stats().itlMs;
-    expect(itl).toContain(16); // alone: 15 + 1
-    expect(itl.some((x) => x >= 15 + 1 + 20)).toBe(true); // during the transfer
+    expect(itl.some((x) => Math.abs(x - 16) < 0.01)).toBe(true); // alone: 15 + 1
+    // while KV lands at the link's rate, landing costs the step as much again (5 ms a block each)
+    expect(itl.some((x) => x >= 16 * 1.5)).toBe(true);
+    expect(eng('d0').stats().ingestStallMs).toBeGreaterThan(0);
   });
 });

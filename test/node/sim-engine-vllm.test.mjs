@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { startSimCluster } from '../../sim/cluster.mjs';
+import { resolveModel } from '../../sim/presets.mjs';
+import { stepTime } from '../../sim/model/step-time.mjs';
 
 const BLOCK_CHARS = 512 * 4;
 /** n full blocks of distinct text (block i of conversation c), plus `extra` characters */
@@ -132,11 +134,14 @@ describe('vllm decode leg', () => {
   });
 
   it('adds the prefill time of the same request id to its simulated TTFT', async () => {
-    const prompt = text('t', 8); // 4096 tokens: 204.8 ms prefill, 8 blocks: 40 ms transfer
+    const prompt = text('t', 8); // 4096 tokens: ~205 ms of prefill, a 40 ms transfer (5 ms a 512 tokens)
     await pd('p0', 'd0', prompt, 'ttft-1');
     const [ttft] = eng('d0').stats().ttftMs;
-    // prefill + transfer + one decode step (base 15 + 1 ms for the one sequence decoding)
-    expect(ttft).toBeCloseTo(4096 * 0.05 + 8 * 5 + 15 + 1, 5);
+    // P's one prefill step + the transfer + D's step computing the prompt's last token (the first output token)
+    const { cost } = resolveModel({});
+    const prefill = stepTime(cost, { decodeContexts: [], prefills: [{ tokens: 4096, context: 0 }] }).ms;
+    const first = stepTime(cost, { decodeContexts: [], prefills: [{ tokens: 1, context: 4095 }] }).ms;
+    expect(ttft).toBeCloseTo(prefill + 8 * 5 + first, 5);
   });
 
   it('flags kv_transfer_params that do not name a real prefill engine', async () => {

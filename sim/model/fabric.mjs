@@ -1,0 +1,170 @@
+// KV transfers between the engines of a cluster over their network links.
+//
+// A transfer moves `bytes` (tokens x KV bytes a token of the model) from one engine to another.
+// Each engine has a NIC of `linkBytesPerMs` in each direction (full duplex); the transfers going
+// out of an engine share its outgoing rate equally, those coming in share its incoming rate, and a
+// transfer runs at the smaller of its two shares. A transfer between engines of different groups
+// (racks, seed 001's pdGroup) also crosses the spine: it gets `crossGroupShare` of that rate (the
+// spine's oversubscription) and waits `crossGroupLatencyMs` more before its first byte. Rates are
+// recomputed whenever a transfer starts or ends.
+//
+// The receiving engine pays for what lands on it: the bytes landed during one of its steps
+// lengthen that step by bytes / ingestBytesPerMs (sim/model/scheduler.mjs). That is seed 000's
+// collision of KV transfers with decode steps; its rate is calibrated (docs/simulator.md).
+import { SimClock } from './clock.mjs';
+
+/**
+ * @typedef {object} LinkSpec
+ * @property {number} linkBytesPerMs NIC bytes a simulated ms, each direction (Infinity: no limit)
+ * @property {string} [group] rack / pdGroup; engines without one share the default group
+ *
+ * @typedef {object} FabricSettings
+ * @property {number} setupMs fixed latency before a transfer's first byte (handshake, notification)
+ * @property {number} crossGroupShare share (0..1] of the link rate a cross-group transfer gets
+ * @property {number} crossGroupLatencyMs extra latency of a cross-group transfer
+ *
+ * @typedef {{ from: string, to: string, remaining: number, bytes: number, rate: number, crossGroup: boolean, startedAt: number, done: (r: TransferResult) => void }} Transfer
+ * @typedef {{ ms: number, bytes: number, crossGroup: boolean }} TransferResult
+ */
+
+export const DEFAULT_FABRIC = /** @type {FabricSettings} */ ({ setupMs: 0, crossGroupShare: 1, crossGroupLatencyMs: 0 });
+
+export class Fabric {
+  /** @param {SimClock} clock @param {Partial<FabricSettings>} [settings] */
+  constructor(clock, settings = {}) {
+    this.clock = clock;
+    /** @type {FabricSettings} */
+    this.settings = { ...DEFAULT_FABRIC, ...settings };
+    /** @type {Map<string, LinkSpec & { landed: number, in: number, out: number }>} */
+    this.nodes = new Map();
+    /** @type {Set<Transfer>} */
+    this.active = new Set();
+    this.lastAdvance = clock.now();
+    /** @type {import('./clock.mjs').Scheduled | undefined} */
+    this.next = undefined;
+  }
+
+  /** @param {string} id @param {LinkSpec} link */
+  register(id, link) {
+    const known = this.nodes.get(id);
+    this.nodes.set(id, { landed: known?.landed ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
+  }
+
+  /** @param {Partial<FabricSettings>} settings */
+  configure(settings) {
+    Object.assign(this.settings, settings);
+  }
+
+  /** Whether a transfer between these engines crosses groups. @param {string} from @param {string} to */
+  crossesGroups(from, to) {
+    const a = this.nodes.get(from);
+    const b = this.nodes.get(to);
+    if (!a || !b) return false;
+    return (a.group ?? '') !== (b.group ?? '');
+  }
+
+  /**
+   * Move `bytes` from `from` to `to`; resolves when the last byte landed.
+   * @param {string} from @param {string} to @param {number} bytes
+   * @returns {Promise<TransferResult>}
+   */
+  transfer(from, to, bytes) {
+    const startedAt = this.clock.now();
+    const crossGroup = this.crossesGroups(from, to);
+    const latency = this.settings.setupMs + (crossGroup ? this.settings.crossGroupLatencyMs : 0);
+    return new Promise((resolve) => {
+      const begin = () => {
+        /** @type {Transfer} */
+        const t = { from, to, bytes, remaining: Math.max(0, bytes), rate: 0, crossGroup, startedAt, done: resolve };
+        this.#advance(this.clock.now());
+        this.active.add(t);
+        this.#count(t, 1);
+        this.#reschedule();
+      };
+      if (latency > 0) this.clock.at(startedAt + latency, begin);
+      else begin();
+    });
+  }
+
+  /** Bytes landed on an engine so far (every transfer into it, counted as they move). @param {string} id */
+  landed(id) {
+    this.#advance(this.clock.now());
+    return this.nodes.get(id)?.landed ?? 0;
+  }
+
+  /** Transfers running into an engine now. @param {string} id */
+  incoming(id) {
+    return this.nodes.get(id)?.in ?? 0;
+  }
+
+  clear() {
+    this.next?.cancel();
+    this.next = undefined;
+    this.active.clear();
+    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, in: 0, out: 0 });
+  }
+
+  /** @param {Transfer} t @param {number} d */
+  #count(t, d) {
+    const a = this.nodes.get(t.from);
+    const b = this.nodes.get(t.to);
+    if (a) a.out += d;
+    if (b) b.in += d;
+  }
+
+  /** Move every active transfer forward to `now` at its current rate. @param {number} now */
+  #advance(now) {
+    const dt = now - this.lastAdvance;
+    this.lastAdvance = Math.max(this.lastAdvance, now);
+    if (!(dt > 0)) return;
+    for (const t of this.active) {
+      const moved = Math.min(t.remaining, t.rate * dt);
+      t.remaining -= moved;
+      const to = this.nodes.get(t.to);
+      if (to) to.landed += moved;
+    }
+  }
+
+  #rates() {
+    for (const t of this.active) {
+      const a = this.nodes.get(t.from);
+      const b = this.nodes.get(t.to);
+      const out = a ? a.linkBytesPerMs / Math.max(1, a.out) : Infinity;
+      const inn = b ? b.linkBytesPerMs / Math.max(1, b.in) : Infinity;
+      t.rate = Math.min(out, inn) * (t.crossGroup ? this.settings.crossGroupShare : 1);
+    }
+  }
+
+  /** @param {number} [now] */
+  #reschedule(now = this.clock.now()) {
+    this.next?.cancel();
+    this.next = undefined;
+    // finish what is done (or instantaneous), then plan the next completion
+    for (const t of [...this.active]) {
+      if (t.remaining <= 1e-6 || t.rate === Infinity) this.#finish(t, now);
+    }
+    this.#rates();
+    for (const t of [...this.active]) {
+      if (t.rate === Infinity || t.remaining <= 1e-6) this.#finish(t, now);
+    }
+    if (this.active.size > 0) this.#rates();
+    let soonest = Infinity;
+    for (const t of this.active) soonest = Math.min(soonest, t.remaining / t.rate);
+    if (!Number.isFinite(soonest)) return;
+    this.next = this.clock.at(now + soonest, (at) => {
+      this.#advance(at);
+      for (const t of [...this.active]) if (t.remaining <= t.bytes * 1e-9 + 1e-6) t.remaining = 0;
+      this.#reschedule(at);
+    });
+  }
+
+  /** @param {Transfer} t @param {number} now */
+  #finish(t, now) {
+    if (!this.active.delete(t)) return;
+    const to = this.nodes.get(t.to);
+    if (to && t.remaining > 0) to.landed += t.remaining;
+    t.remaining = 0;
+    this.#count(t, -1);
+    t.done({ ms: now - t.startedAt, bytes: t.bytes, crossGroup: t.crossGroup });
+  }
+}

@@ -1,0 +1,456 @@
+// One engine's continuous-batching step loop, as vLLM v1's scheduler runs it
+// (vllm/v1/core/sched/scheduler.py): each step first gives every running request its next
+// tokens (a decode token, or the next chunk of a prefill) within a token budget of
+// `maxNumBatchedTokens`, then admits waiting requests first-come-first-served while their KV
+// blocks fit and the budget and `maxNumSeqs` allow. A waiting request that does not fit stops
+// admission (FCFS: nothing overtakes it). When a running request cannot grow by a block, the most
+// recently admitted one is preempted (its blocks freed, recomputed later), as vLLM does.
+//
+// Three kinds of request:
+// - `local`: prefilled here (chunked, sharing steps with the decodes), then decoded here
+//   (colocated serving; a vLLM decode node given no kv_transfer_params).
+// - `prefill`: prefilled here to produce one token (a P leg); with `hold`, its blocks stay held
+//   after it finished, until a decode node reads them (vLLM's delay_free_blocks).
+// - `remote`: its KV comes from another engine. It takes blocks for its whole prompt when
+//   admitted (less what this engine already caches: the local prefix hit), pulls the rest, then
+//   computes its last prompt token and decodes. Until the pull ends it counts as waiting, as
+//   vLLM's WAITING_FOR_REMOTE_KVS requests do.
+//
+// Time is the cluster's simulated clock. A step's length comes from sim/model/step-time.mjs,
+// plus the time it loses to KV landing on this engine meanwhile (sim/model/fabric.mjs).
+import { stepTime } from './step-time.mjs';
+
+/**
+ * @typedef {{ index: number, at: number, stepMs: number }} TokenEvent
+ * @typedef {'new' | 'waiting' | 'loading' | 'running' | 'finished' | 'aborted' | 'failed'} SeqState
+ */
+
+export class Sequence {
+  /**
+   * @param {object} o
+   * @param {'local' | 'remote' | 'prefill'} o.kind
+   * @param {string[]} o.hashes the prompt's full prefix-cache units (chained hashes)
+   * @param {number} o.promptTokens
+   * @param {number} o.maxTokens tokens to generate (a P leg: 1)
+   * @param {boolean} [o.hold] keep the blocks when finished (released by releaseHeld())
+   * @param {(missingTokens: number, seq: Sequence) => Promise<{ ms: number, bytes?: number }>} [o.load] remote: pull the missing KV
+   * @param {(seq: Sequence) => void} [o.onAdmit] told once the blocks are taken (the hit is known)
+   */
+  constructor(o) {
+    this.kind = o.kind;
+    this.hashes = o.hashes;
+    this.promptTokens = Math.max(1, o.promptTokens);
+    this.maxTokens = Math.max(1, o.maxTokens);
+    this.hold = o.hold === true;
+    this.load = o.load;
+    this.onAdmit = o.onAdmit;
+    /** @type {SeqState} */
+    this.state = 'new';
+    this.arrival = NaN;
+    this.admittedAt = NaN;
+    this.loadedAt = NaN;
+    this.firstTokenAt = NaN;
+    this.finishedAt = NaN;
+    /** simulated ms spent waiting because its KV blocks did not fit */
+    this.kvWaitMs = 0;
+    /** @type {number | undefined} */
+    this.kvBlockedSince = undefined;
+    this.hitUnits = 0;
+    this.cachedTokens = 0;
+    this.loadMs = 0;
+    this.preemptions = 0;
+    /** tokens emitted */
+    this.generated = 0;
+    /** tokens to compute before the next token is emitted (a prefill's remaining part) */
+    this.pending = 0;
+    /** tokens whose KV is computed or received */
+    this.computed = 0;
+    /** @type {import('./kv-memory.mjs').Allocation | undefined} */
+    this.alloc = undefined;
+    /** @type {string | undefined} why it failed */
+    this.error = undefined;
+    /** @type {number | undefined} the HTTP status its failure maps to */
+    this.errorStatus = undefined;
+    /** @type {TokenEvent[]} */
+    this.buffer = [];
+    /** @type {((e: TokenEvent | null) => void) | undefined} */
+    this.waiter = undefined;
+    /** @type {(() => void) | undefined} */
+    this.onAbort = undefined;
+    /** @type {Promise<void>} */
+    this.finished = new Promise((resolve) => (this.resolveFinished = resolve));
+  }
+
+  /** The next token, or null once the sequence ended (finished, aborted or failed). @returns {Promise<TokenEvent | null>} */
+  next() {
+    const e = this.buffer.shift();
+    if (e) return Promise.resolve(e);
+    if (this.ended) return Promise.resolve(null);
+    return new Promise((resolve) => (this.waiter = resolve));
+  }
+
+  get ended() {
+    return this.state === 'finished' || this.state === 'aborted' || this.state === 'failed';
+  }
+
+  /** Stop it (the client left): its blocks are freed at once. */
+  abort() {
+    if (this.ended) return;
+    this.onAbort?.();
+  }
+
+  /** @param {TokenEvent} e */
+  emit(e) {
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = undefined;
+      w(e);
+    } else this.buffer.push(e);
+  }
+
+  /** @param {SeqState} state */
+  end(state) {
+    this.state = state;
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = undefined;
+      w(null);
+    }
+    /** @type {() => void} */ (this.resolveFinished)();
+  }
+}
+
+/**
+ * @typedef {object} CoreOptions
+ * @property {import('./clock.mjs').SimClock} clock
+ * @property {import('./kv-memory.mjs').KvMemory} memory
+ * @property {import('./step-time.mjs').StepCost} cost
+ * @property {number} maxNumBatchedTokens token budget a step (vLLM max_num_batched_tokens)
+ * @property {number} maxNumSeqs running requests at most (vLLM max_num_seqs)
+ * @property {boolean} preemption preempt the newest request when a running one cannot grow
+ * @property {number} ingestBytesPerMs bytes landing on this engine cost its step 1 ms per this many (Infinity: free)
+ * @property {() => number} [landed] bytes landed on this engine so far (the fabric's count)
+ */
+
+export class EngineCore {
+  /** @param {CoreOptions} o */
+  constructor(o) {
+    this.o = o;
+    /** @type {Sequence[]} */
+    this.waiting = [];
+    /** @type {Sequence[]} admission order */
+    this.running = [];
+    /** @type {Set<Sequence>} */
+    this.loading = new Set();
+    /** @type {Set<Sequence>} finished P legs whose blocks a decode node has not read yet */
+    this.held = new Set();
+    this.stepping = false;
+    this.lastEnd = 0;
+    this.landedMark = 0;
+    this.closed = false;
+    this.resetStats();
+    o.memory.listeners.add(() => {
+      this.#sampleUsage(this.o.clock.now());
+      this.kick();
+    });
+  }
+
+  resetStats() {
+    this.stats = { steps: 0, preemptions: 0, busyMs: 0, stallMs: 0, prefillTokens: 0, decodeTokens: 0, usagePeak: 0 };
+    this.usageIntegral = 0;
+    this.usageSince = NaN;
+    this.usageLastT = NaN;
+    this.usageLast = 0;
+  }
+
+  /** @param {Partial<CoreOptions>} o */
+  configure(o) {
+    Object.assign(this.o, o);
+  }
+
+  /** Requests waiting (queued, or pulling their KV) and running, as the engine's metrics count them. */
+  counts() {
+    return { waiting: this.waiting.length + this.loading.size, running: this.running.length };
+  }
+
+  /** KV usage peak and time-weighted mean since the first request. @param {number} now */
+  usageSummary(now) {
+    this.#sampleUsage(now);
+    const span = now - this.usageSince;
+    return { peak: this.stats.usagePeak, mean: span > 0 ? this.usageIntegral / span : this.usageLast };
+  }
+
+  /** @param {Sequence} seq */
+  submit(seq) {
+    const now = this.o.clock.now();
+    seq.arrival = now;
+    if (Number.isNaN(this.usageSince)) this.usageSince = now;
+    if (!this.o.memory.fitsAtAll(seq.promptTokens + 1)) {
+      seq.error = 'too_long';
+      seq.end('failed');
+      return seq;
+    }
+    seq.state = 'waiting';
+    seq.onAbort = () => this.#abort(seq);
+    this.waiting.push(seq);
+    this.kick();
+    return seq;
+  }
+
+  /** Start stepping if idle. */
+  kick() {
+    if (this.stepping || this.closed) return;
+    this.stepping = true;
+    const t = Math.max(this.lastEnd, this.o.clock.now());
+    this.o.clock.at(t, (at) => this.#step(at));
+  }
+
+  /** Free the blocks a finished P leg held for its handle. @param {Sequence} seq */
+  releaseHeld(seq) {
+    if (!this.held.delete(seq)) return;
+    if (seq.alloc) this.o.memory.release(seq.alloc);
+  }
+
+  close() {
+    this.closed = true;
+    for (const s of [...this.waiting, ...this.running, ...this.loading]) s.end('aborted');
+    this.waiting = [];
+    this.running = [];
+    this.loading.clear();
+  }
+
+  /** Forget every request and figure (the engine's reset). */
+  reset() {
+    for (const s of [...this.waiting, ...this.running, ...this.loading]) s.end('aborted');
+    this.waiting = [];
+    this.running = [];
+    this.loading.clear();
+    this.held.clear();
+    this.resetStats();
+  }
+
+  /** @param {Sequence} seq */
+  #abort(seq) {
+    const w = this.waiting.indexOf(seq);
+    if (w >= 0) this.waiting.splice(w, 1);
+    const r = this.running.indexOf(seq);
+    if (r >= 0) this.running.splice(r, 1);
+    this.loading.delete(seq);
+    this.held.delete(seq);
+    seq.end('aborted');
+    if (seq.alloc) this.o.memory.release(seq.alloc);
+  }
+
+  /** @param {number} t */
+  #sampleUsage(t) {
+    if (Number.isNaN(this.usageSince)) return;
+    if (!Number.isNaN(this.usageLastT) && t > this.usageLastT) this.usageIntegral += this.usageLast * (t - this.usageLastT);
+    if (Number.isNaN(this.usageLastT) || t > this.usageLastT) this.usageLastT = t;
+    this.usageLast = this.o.memory.usage();
+    if (this.usageLast > this.stats.usagePeak) this.stats.usagePeak = this.usageLast;
+  }
+
+  /** One step at simulated time t: build the batch, run it, apply it. @param {number} t */
+  #step(t) {
+    if (this.closed) return;
+    if (t > this.lastEnd + 1e-9) this.landedMark = this.o.landed?.() ?? 0; // idle meanwhile: what landed then cost nothing
+    const { items, kvBlocked } = this.#schedule(t);
+    for (const s of this.waiting) {
+      if (kvBlocked) s.kvBlockedSince ??= t;
+      else if (s.kvBlockedSince !== undefined) {
+        s.kvWaitMs += t - s.kvBlockedSince;
+        s.kvBlockedSince = undefined;
+      }
+    }
+    this.#sampleUsage(t);
+    if (items.length === 0) {
+      this.stepping = false;
+      this.lastEnd = t;
+      return;
+    }
+    const batch = { decodeContexts: /** @type {number[]} */ ([]), prefills: /** @type {{ tokens: number, context: number }[]} */ ([]) };
+    for (const it of items) {
+      if (it.decode) batch.decodeContexts.push(it.context);
+      else batch.prefills.push({ tokens: it.tokens, context: it.context });
+    }
+    const { ms } = stepTime(this.o.cost, batch);
+    this.o.clock.at(t + ms, (end) => {
+      // KV that landed here during the step cost it time (the receiving engine's share of a transfer)
+      const landed = this.o.landed?.() ?? 0;
+      const stall = Number.isFinite(this.o.ingestBytesPerMs) && this.o.ingestBytesPerMs > 0 ? (landed - this.landedMark) / this.o.ingestBytesPerMs : 0;
+      this.landedMark = landed;
+      if (stall > 1e-9) {
+        this.stats.stallMs += stall;
+        this.o.clock.at(end + stall, (end2) => this.#finishStep(t, end2, items));
+      } else this.#finishStep(t, end, items);
+    });
+  }
+
+  /**
+   * @param {number} t
+   * @returns {{ items: { seq: Sequence, decode: boolean, tokens: number, context: number }[], kvBlocked: boolean }}
+   */
+  #schedule(t) {
+    const { memory, maxNumBatchedTokens, maxNumSeqs, preemption } = this.o;
+    let budget = maxNumBatchedTokens;
+    /** @type {{ seq: Sequence, decode: boolean, tokens: number, context: number }[]} */
+    const items = [];
+    let preempted = false;
+    for (let i = 0; i < this.running.length && budget > 0; i++) {
+      const seq = this.running[i];
+      if (seq.pending > 0) {
+        const n = Math.min(seq.pending, budget);
+        items.push({ seq, decode: false, tokens: n, context: seq.computed });
+        budget -= n;
+        continue;
+      }
+      // a decode token: the sequence may need one more block
+      let grown = memory.grow(/** @type {any} */ (seq.alloc), seq.computed + 1);
+      while (!grown && preemption) {
+        const victim = this.running[this.running.length - 1];
+        this.#preempt(victim);
+        preempted = true;
+        if (victim === seq) break;
+        grown = memory.grow(/** @type {any} */ (seq.alloc), seq.computed + 1);
+      }
+      if (!grown) {
+        if (seq.state !== 'running') i--; // it was preempted itself: the list shifted
+        continue;
+      }
+      items.push({ seq, decode: true, tokens: 1, context: seq.computed });
+      budget -= 1;
+    }
+    let kvBlocked = false;
+    while (!preempted && this.waiting.length > 0 && this.running.length + this.loading.size < maxNumSeqs) {
+      const seq = this.waiting[0];
+      const remote = seq.kind === 'remote';
+      if (!remote && budget <= 0) break;
+      const hit = memory.lookup(seq.hashes);
+      // the prompt's tokens past its full units, and the first generated token
+      const tail = seq.promptTokens + seq.generated - seq.hashes.length * memory.unitTokens + 1;
+      const alloc = memory.allocate(seq.hashes, tail);
+      if (!alloc) {
+        kvBlocked = true;
+        break;
+      }
+      this.waiting.shift();
+      memory.touch(seq.hashes.slice(0, hit));
+      seq.alloc = alloc;
+      if (seq.kvBlockedSince !== undefined) {
+        seq.kvWaitMs += t - seq.kvBlockedSince;
+        seq.kvBlockedSince = undefined;
+      }
+      const firstAdmission = Number.isNaN(seq.admittedAt);
+      if (firstAdmission) {
+        seq.admittedAt = t;
+        seq.hitUnits = hit;
+        seq.cachedTokens = Math.min(seq.promptTokens, hit * memory.unitTokens);
+        seq.onAdmit?.(seq);
+      }
+      const cached = Math.min(seq.promptTokens + seq.generated, hit * memory.unitTokens);
+      if (remote && firstAdmission && seq.load) {
+        seq.state = 'loading';
+        this.loading.add(seq);
+        const missing = seq.promptTokens - seq.cachedTokens;
+        seq.load(missing, seq).then(
+          (r) => {
+            if (seq.state !== 'loading') return;
+            this.loading.delete(seq);
+            seq.loadMs = r.ms;
+            seq.loadedAt = this.o.clock.now();
+            memory.markReady(alloc);
+            // vLLM recomputes the prompt's last token on the decode node (the first output token)
+            seq.computed = seq.promptTokens - 1;
+            seq.pending = 1;
+            seq.state = 'running';
+            this.running.push(seq);
+            this.kick();
+          },
+          (/** @type {any} */ e) => {
+            if (seq.state !== 'loading') return;
+            this.loading.delete(seq);
+            seq.error = e instanceof Error ? e.message : 'kv_transfer_failed';
+            seq.errorStatus = typeof e?.status === 'number' ? e.status : undefined;
+            memory.release(alloc);
+            seq.end('failed');
+          },
+        );
+        continue;
+      }
+      // local, a P leg, or a preempted request recomputing: prefill what the cache lacks
+      seq.kind = seq.kind === 'remote' ? 'local' : seq.kind;
+      seq.computed = cached;
+      seq.pending = Math.max(1, seq.promptTokens + seq.generated - cached);
+      if (seq.pending === 1 && cached === seq.promptTokens + seq.generated) seq.computed -= 1;
+      seq.state = 'running';
+      this.running.push(seq);
+      const n = Math.min(seq.pending, budget);
+      if (n > 0) {
+        items.push({ seq, decode: false, tokens: n, context: seq.computed });
+        budget -= n;
+      }
+    }
+    return { items, kvBlocked };
+  }
+
+  /** @param {Sequence} seq */
+  #preempt(seq) {
+    const i = this.running.indexOf(seq);
+    if (i < 0) return;
+    this.running.splice(i, 1);
+    if (seq.alloc) this.o.memory.release(seq.alloc);
+    seq.alloc = undefined;
+    seq.state = 'waiting';
+    seq.preemptions++;
+    seq.pending = 0;
+    seq.computed = 0;
+    this.stats.preemptions++;
+    this.waiting.unshift(seq);
+  }
+
+  /**
+   * @param {number} start @param {number} end
+   * @param {{ seq: Sequence, decode: boolean, tokens: number, context: number }[]} items
+   */
+  #finishStep(start, end, items) {
+    if (this.closed) return;
+    this.stats.steps++;
+    this.stats.busyMs += end - start;
+    for (const it of items) {
+      const seq = it.seq;
+      if (seq.state !== 'running') continue; // aborted or preempted meanwhile
+      if (it.decode) {
+        this.stats.decodeTokens++;
+        seq.computed += 1;
+      } else {
+        this.stats.prefillTokens += it.tokens;
+        seq.computed += it.tokens;
+        seq.pending -= it.tokens;
+        if (seq.pending > 0) continue;
+        if (seq.alloc) this.o.memory.markReady(seq.alloc);
+      }
+      // this step produced the sequence's next token
+      if (seq.generated === 0) seq.firstTokenAt = end;
+      seq.emit({ index: seq.generated, at: end, stepMs: end - start });
+      seq.generated++;
+      if (seq.generated >= seq.maxTokens) this.#complete(seq, end);
+    }
+    this.lastEnd = end;
+    this.#sampleUsage(end);
+    this.stepping = false;
+    if (this.waiting.length > 0 || this.running.length > 0) {
+      this.stepping = true;
+      this.#step(end);
+    }
+  }
+
+  /** @param {Sequence} seq @param {number} end */
+  #complete(seq, end) {
+    const i = this.running.indexOf(seq);
+    if (i >= 0) this.running.splice(i, 1);
+    seq.finishedAt = end;
+    if (seq.hold && seq.alloc) this.held.add(seq);
+    else if (seq.alloc) this.o.memory.release(seq.alloc);
+    seq.end('finished');
+  }
+}

@@ -1,0 +1,106 @@
+import { describe, expect, it } from 'vitest';
+import { runAgentic } from '../../bench/scenarios/agentic.mjs';
+import { runGroups } from '../../bench/scenarios/groups.mjs';
+import { runMultiturn } from '../../bench/scenarios/multiturn.mjs';
+import { AGENTIC_PROFILE, agenticProfile, agenticTrace } from '../../bench/lib/agentic-trace.mjs';
+import { compareRatio } from '../../bench/lib/seeds.mjs';
+
+// The seeds' scenarios, small (--quick): the real Worker in workerd in front of the simulated
+// engines of each seed's preset. These assert the mechanisms' direction, not the seeds' values.
+
+describe('the agentic trace (seed 002 profile)', () => {
+  it('has the published shape at 1,000 requests: long inputs, short outputs, mostly single-turn sessions', () => {
+    const p = agenticProfile(agenticTrace({ requests: 1000 }));
+    expect(p.requests).toBe(1000);
+    expect(p.inputMean).toBeGreaterThan(33600 * 0.9);
+    expect(p.inputMean).toBeLessThan(33600 * 1.1);
+    expect(p.inputP50).toBeGreaterThan(20000 * 0.9);
+    expect(p.inputP50).toBeLessThan(20000 * 1.1);
+    expect(p.inputP90).toBeGreaterThan(88000 * 0.9);
+    expect(p.inputP90).toBeLessThan(88000 * 1.1);
+    expect(p.outputMean).toBeGreaterThan(445 * 0.9);
+    expect(p.outputMean).toBeLessThan(445 * 1.1);
+    expect(p.outputP50).toBeGreaterThan(70);
+    expect(p.outputP50).toBeLessThan(95);
+    expect(p.singleTurnSessionShare).toBeGreaterThan(0.88);
+    expect(p.singleTurnSessionShare).toBeLessThan(0.93);
+    expect(p.ceiling).toBeGreaterThan(0.68);
+    expect(p.ceiling).toBeLessThan(0.74);
+  });
+
+  it('is the same for the same seed, different for another; every request starts with the system prompt; a session only grows', () => {
+    const a = agenticTrace({ requests: 300 });
+    expect(agenticTrace({ requests: 300 })).toEqual(a);
+    expect(agenticTrace({ requests: 300, seed: 7 })).not.toEqual(a);
+    const system = Math.ceil(AGENTIC_PROFILE.systemPromptTokens / 512);
+    for (const r of a) expect(r.hash_ids.slice(0, system)).toEqual(a[0].hash_ids.slice(0, system));
+    const bySession = new Map();
+    for (const r of a) bySession.set(r.session, [...(bySession.get(r.session) ?? []), r]);
+    for (const turns of bySession.values()) {
+      for (let i = 1; i < turns.length; i++) {
+        const kept = Math.floor(turns[i - 1].input_length / 512);
+        expect(turns[i].hash_ids.slice(0, kept)).toEqual(turns[i - 1].hash_ids.slice(0, kept));
+        expect(turns[i].input_length).toBeGreaterThan(turns[i - 1].input_length);
+      }
+    }
+  });
+});
+
+describe('published ratios against ours', () => {
+  it('says whether ours points the same way and lands within ±35%', () => {
+    expect(compareRatio('x', 85.2, 23, 70, 25)).toMatchObject({ published: 3.7, ours: 2.8, sameDirection: true, within: true });
+    expect(compareRatio('x', 85.2, 23, 20, 25)).toMatchObject({ sameDirection: false, within: false });
+    expect(compareRatio('x', 2, 1, 3, 1)).toMatchObject({ sameDirection: true, within: false });
+  });
+});
+
+describe('seed 000 (multiturn --quick): KV transfers collide with decode steps', () => {
+  it('keeping a conversation on its P and D avoids full re-pulls, and with them the ITL spikes', { timeout: 240000 }, async () => {
+    const { report } = await runMultiturn({ quick: true, config: 'round_robin,pd_affinity' });
+    const [rr, pd] = report.results;
+    expect(rr.errors + pd.errors).toBe(0);
+    expect(rr.requests).toBe(64);
+    expect(pd.prefillCrossNodeFetches).toBe(0);
+    expect(rr.prefillCrossNodeFetches).toBeGreaterThan(0);
+    expect(pd.dFullRepullsAfterFirst).toBe(0);
+    expect(rr.decodeFullRepulls).toBeGreaterThan(pd.decodeFullRepulls);
+    // round-robin lands more KV on the decode nodes, and their steps lose more time to it
+    expect(rr.dBlocksPulled).toBeGreaterThan(pd.dBlocksPulled);
+    expect(rr.dLandingShare).toBeGreaterThan(pd.dLandingShare);
+    expect(rr.itlP99Ms).toBeGreaterThan(pd.itlP99Ms);
+    expect(pd.pHitRatio).toBeGreaterThan(rr.pHitRatio);
+    expect(report.comparisons.map((c) => c.what)).toContain('ITL p99: round-robin / P+D affinity');
+  });
+});
+
+describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
+  it('fewer decode nodes fill their KV memory and requests wait for it; cache-aware finds more prefixes', { timeout: 300000 }, async () => {
+    const { report } = await runAgentic({ quick: true, requests: '100', 'sessions-per-s': '0.6' });
+    const by = Object.fromEntries(report.results.map((r) => [r.name, r]));
+    for (const r of report.results) {
+      expect(r.failed).toBe(0);
+      expect(r.completed).toBe(100);
+      for (const k of ['ttftP50Ms', 'ttftP90Ms', 'tpotP90Ms', 'e2eP50Ms', 'hitRatio', 'decodeKvPeak', 'decodeKvMean', 'kvWaitShare']) expect(Number.isFinite(r[k])).toBe(true);
+      expect(r.decodeKvPeak).toBeLessThanOrEqual(1);
+      expect(r.kvWaitShare).toBeLessThanOrEqual(1);
+    }
+    // half the decode nodes hold the same requests' KV: about twice the use over the run (the peak
+    // alone depends on which long prompts happen to overlap)
+    expect(by['pd-6p2d/cache_aware'].decodeKvMean).toBeGreaterThan(by['pd-4p4d/cache_aware'].decodeKvMean * 1.3);
+    expect(by['colocated-8/cache_aware'].hitRatio).toBeGreaterThan(by['colocated-8/round_robin'].hitRatio);
+    expect(report.skipped.map((s) => s.name)).toEqual(['pd-4p4d/conditional', 'both-8/conditional']);
+  });
+});
+
+describe('seed 001 (groups --quick): crossing groups costs decode its first token', () => {
+  it('strict keeps every transfer in its group; a cross-group transfer takes longer', { timeout: 180000 }, async () => {
+    const { report } = await runGroups({ quick: true });
+    const by = Object.fromEntries(report.results.map((r) => [r.policy, r]));
+    expect(by.strict.crossGroupLegs).toBe(0);
+    expect(by.off.crossGroupLegs).toBeGreaterThan(by.prefer.crossGroupLegs);
+    // the spine gives a cross-group transfer half the link's rate (seed000 preset)
+    expect(by.off.transferMsPerGBCrossGroupP50).toBeGreaterThan(by.off.transferMsPerGBInGroupP50 * 1.5);
+    for (const r of report.results) expect(Number.isFinite(r.decodeFirstTokenP50Ms)).toBe(true);
+    for (const r of report.results) expect(r.errors).toBe(0);
+  });
+});
