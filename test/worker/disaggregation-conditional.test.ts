@@ -2,9 +2,9 @@
 // the strict simulator (SPEC 8; issue 17 part 2): what the client sees (x-pd-mode, x-pd-prefill),
 // what the engines received (a D prefilling alone gets no kv_transfer_params; P gets nothing),
 // what /v1/route and /metrics say.
-import { env, runInDurableObject, SELF } from "cloudflare:test";
+import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { control, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
+import { control, fault, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
 
 const P = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "prefill", ...extra });
 const D = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "decode", ...extra });
@@ -216,6 +216,25 @@ describe("cache-hit feedback: an engine restart clears what the router believed 
     expect((await send("/v1/chat/completions", third)).mode).toBe("disaggregated");
     // and re-learns: its next turn is local once more
     expect((await send("/v1/chat/completions", chats[2]!.turn(4))).mode).toBe("local");
+  });
+
+  it("a node whose probes fail and come back (a restart) is forgotten: its warm conversations are routed cold", async () => {
+    await conditional([P("p0"), D("d0")], {}, { health: { intervalMs: 600_000, downAfter: 2, upAfter: 2 } });
+    const chat = conversation("probes");
+    await send("/v1/chat/completions", chat.turn(1));
+    await send("/v1/chat/completions", chat.turn(2));
+    const next = chat.turn(3);
+    expect((await explain(next)).mode).toBe("local");
+    const alarm = () => runDurableObjectAlarm(stub() as never);
+    await fault("d0", { health: false });
+    await alarm();
+    await alarm();
+    expect((await stub().snapshot()).nodes.find((n) => n.id === "d0")?.probeUp).toBe(false);
+    await fault("d0", { health: true });
+    await alarm();
+    await alarm();
+    expect((await stub().snapshot()).nodes.find((n) => n.id === "d0")?.probeUp).toBe(true);
+    expect(await explain(next)).toMatchObject({ mode: "disaggregated", reason: "cold" });
   });
 
   it("P's answers under vllm teach the prefill index too: predicted vs reported cached tokens per P", async () => {
