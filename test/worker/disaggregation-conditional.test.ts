@@ -144,6 +144,36 @@ describe("conditional disaggregation: a warm turn is prefilled by D alone", () =
     expect(fb.predictedTokens).toBeGreaterThan(0);
   });
 
+  it("under vllm-mooncake too: a warm turn goes to D alone (no transfer), and P's usage (read beside D's stream) teaches the prefill index", async () => {
+    const { bootstrapPort } = await control("/engines/pslow/options");
+    await putCluster({
+      protocol: "vllm-mooncake",
+      policy: { prefill: "cache_aware", decode: "cache_aware", disaggregation: "conditional" },
+      nodes: [{ id: "pslow", role: "prefill", bootstrapPort } as NodeSpec, D("d0")],
+    });
+    const chat = conversation("mooncake");
+    const one = await send("/v1/chat/completions", chat.turn(1));
+    expect(one).toMatchObject({ mode: "disaggregated", p: "pslow", d: "d0" });
+    expect((await completions("d0")).at(-1)?.kv_transfer_params).toMatchObject({ do_remote_prefill: true });
+    const two = await send("/v1/chat/completions", chat.turn(2));
+    expect(two).toMatchObject({ mode: "local", p: "d0", d: "d0" });
+    expect((await completions("d0")).at(-1)).not.toHaveProperty("kv_transfer_params");
+    expect((await completions("pslow")).length).toBe(1);
+    // disaggregating again (always), P's answer — read beside D's stream — reports what P had cached
+    await putCluster({
+      protocol: "vllm-mooncake",
+      policy: { prefill: "cache_aware", decode: "cache_aware" },
+      nodes: [{ id: "pslow", role: "prefill", bootstrapPort } as NodeSpec, D("d0")],
+    });
+    expect((await send("/v1/chat/completions", chat.turn(3))).mode).toBe("disaggregated");
+    const fb = await waitFor(
+      () => nodeFeedback("pslow"),
+      (f) => f.predictedTokens > 0 && f.cachedTokens > 0,
+      "pslow feedback",
+    );
+    expect(Math.abs(fb.predictedTokens - fb.cachedTokens)).toBeLessThan(600);
+  });
+
   it("a localPrefill: false node never prefills alone: every turn goes P then D (reason no_local_prefill)", async () => {
     await conditional([P("p0"), D("d0", { localPrefill: false })]);
     const chat = conversation("nolocal");
