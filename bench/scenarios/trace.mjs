@@ -58,6 +58,9 @@ export async function runTrace(options) {
       const errorSamples = new Set();
       /** @type {Record<string, number>} */
       const perNode = Object.fromEntries(engines.filter((e) => cacheRoles.includes(e.role)).map((e) => [e.id, 0]));
+      /** prefill tokens each node computed (prompt tokens it did not have cached), from the answers' usage */
+      /** @type {Record<string, number>} */
+      const tokensPerNode = Object.fromEntries(Object.keys(perNode).map((id) => [id, 0]));
       const started = performance.now();
       let done = 0;
       await runPool(requests.length, concurrency, async (i) => {
@@ -72,10 +75,15 @@ export async function runTrace(options) {
           errors++;
           if (errorSamples.size < 5) errorSamples.add(`${res.status} ${res.error ?? JSON.stringify(res.json).slice(0, 160)}`);
         } else {
-          promptTokens += res.json?.usage?.prompt_tokens ?? 0;
-          cachedTokens += res.json?.usage?.prompt_tokens_details?.cached_tokens ?? 0;
+          const prompt = res.json?.usage?.prompt_tokens ?? 0;
+          const cached = res.json?.usage?.prompt_tokens_details?.cached_tokens ?? 0;
+          promptTokens += prompt;
+          cachedTokens += cached;
           const node = String(res.headers['x-pd-prefill'] ?? '');
-          if (node in perNode) perNode[node]++;
+          if (node in perNode) {
+            perNode[node]++;
+            tokensPerNode[node] += Math.max(0, prompt - cached);
+          }
         }
         if (++done % 1000 === 0) process.stderr.write(`trace ${policy}: ${done}/${requests.length} (${round((performance.now() - started) / 1000, 1)} s)\n`);
       });
@@ -92,7 +100,9 @@ export async function runTrace(options) {
         hitRatio: round(hitRatio, 4),
         ofCeiling: round(hitRatio / ceiling.ratio, 3),
         maxOverMean: round(maxOverMean(counts), 3),
+        maxOverMeanTokens: round(maxOverMean(Object.values(tokensPerNode)), 3),
         requestsPerNode: perNode,
+        prefillTokensPerNode: tokensPerNode,
         engineHitRatio: round(engineCached / Math.max(1, enginePrompt), 4),
         localityMissBlocks: cachers.reduce((a, e) => a + e.localityMissBlocks, 0),
         promptTokens,
@@ -120,12 +130,13 @@ export async function runTrace(options) {
     table:
       `ceiling (one infinite cache, blocks seen before / all blocks): ${round(ceiling.ratio, 4)} over ${requests.length} requests, ${ceiling.total} blocks\n\n` +
       markdownTable(
-        ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
+        ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'max/mean prefill tokens', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
         results.map((r) => [
           r.policy,
           r.hitRatio,
           r.ofCeiling,
           r.maxOverMean,
+          r.maxOverMeanTokens,
           Object.values(r.requestsPerNode).join('/'),
           r.localityMissBlocks,
           `${r.errors} (${r.devProxyRetries})`,
@@ -139,6 +150,7 @@ export async function runTrace(options) {
       figures: [
         { name: 'hit ratio', values: results.map((r) => r.hitRatio), reference: { value: ceiling.ratio, label: `ceiling ${round(ceiling.ratio, 3)}` } },
         { name: 'max/mean requests per node', values: results.map((r) => r.maxOverMean), reference: { value: 1.1, label: 'target 1.10' } },
+        { name: 'max/mean prefill tokens per node', values: results.map((r) => r.maxOverMeanTokens), reference: { value: 1.1, label: 'target 1.10' } },
       ],
     },
   };

@@ -1,4 +1,5 @@
-import type { Decision, Role } from "../routing/types";
+import type { Decision, PdMode, PdReason, Role } from "../routing/types";
+import type { EngineUsage } from "../state/cache-feedback";
 import type { ClusterView, FinishReport, LegReport, RouteRequest, RouteResponse } from "../state/types";
 import { logRequest, type RequestLog } from "../observability/log";
 import type { TraceContext } from "../observability/trace";
@@ -56,6 +57,13 @@ export class RequestLife {
   private readonly controller = new AbortController();
   readonly chosen = { prefill: "", decode: "" };
   decision: Decision | null = null;
+  /** how it is served and why (SPEC 8 route receipts); null until routed */
+  mode: PdMode | null = null;
+  reason: PdReason | null = null;
+  /** D prefills alone (conditional disaggregation): P and D name the same node, whichever D serves */
+  private localPrefill = false;
+  /** the usage of the engine that prefilled, read when the finish report is made (P's may arrive late) */
+  private engineUsage: (() => EngineUsage | null) | null = null;
   failOpen: Role[] = [];
   /** queueMs: time the route call waited at the edge for a decode node that is not busy */
   readonly timings: { routeMs?: number; queueMs?: number; prefillMs?: number; decodeMs?: number } = {};
@@ -139,6 +147,9 @@ export class RequestLife {
     this.decision = routed.decision;
     this.chosen.prefill = routed.decision.prefill.id;
     this.chosen.decode = routed.decision.decode.id;
+    this.mode = routed.decision.mode;
+    this.reason = routed.decision.reason;
+    this.localPrefill = routed.decision.prefill.rule === "local_prefill";
     this.failOpen = (["prefill", "decode"] as const).filter((r) => routed.decision[r].failOpen);
     this.heartbeat = setInterval(() => this.o.waitUntil(this.call(this.o.state.renew(this.leaseId))), this.o.renewMs);
     return routed;
@@ -175,6 +186,8 @@ export class RequestLife {
   async failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null> {
     const { next } = await this.awaited(this.o.state.failover(this.leaseId, role, report, wantNext));
     if (next) this.chosen[role] = next;
+    // a local prefill moves with its D (the object moved the lease's prefill part too)
+    if (next && role === "decode" && this.localPrefill) this.chosen.prefill = next;
     return next;
   }
 
@@ -186,6 +199,19 @@ export class RequestLife {
   /** The next request that presents this key (hash) should reach the same P and D. */
   rememberAs(key: Promise<string | null>): void {
     this.rememberKey = key.catch(() => null);
+  }
+
+  /** D prefills alone: the protocol to run is D's alone, with no P leg. */
+  get isLocalPrefill(): boolean {
+    return this.localPrefill;
+  }
+
+  /**
+   * The usage of the engine that prefilled (cache-hit feedback), read when the finish report is
+   * made: it travels with it, no state call of its own.
+   */
+  reportEngineUsage(usage: () => EngineUsage | null): void {
+    this.engineUsage = usage;
   }
 
   /** P answered with (or without) prompt_tokens_details; reported with the finish. */
@@ -237,12 +263,17 @@ export class RequestLife {
       const prefill = failed ?? this.takeDeferredPrefill() ?? legs.prefill;
       return prefill ? { prefill } : {};
     };
+    const engineUsagePart = (): { engineUsage?: EngineUsage } => {
+      const usage = this.engineUsage?.() ?? null;
+      return usage ? { engineUsage: usage } : {};
+    };
     const report = (prefill: LegReport | null, remember: string | null): FinishReport => ({
       route: this.o.route,
       status: e.status,
       ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
       ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
       ...(this.usageDetails ? { usageDetails: this.usageDetails } : {}),
+      ...engineUsagePart(),
       ...(legs.decode ? { decode: legs.decode } : {}),
       ...prefillPart(prefill),
     });
@@ -265,6 +296,9 @@ export class RequestLife {
       keyHash: this.o.keyHash?.slice(0, 16) ?? null,
       keySource: this.o.keySource,
       rule: this.decision ? `${this.decision.prefill.rule}/${this.decision.decode.rule}` : undefined,
+      mode: this.mode ?? undefined,
+      reason: this.reason ?? undefined,
+      uncachedTokens: this.decision?.tokens.uncachedOnDecode ?? undefined,
       status: e.status,
       outcome: e.outcome,
       routeMs: this.timings.routeMs,

@@ -13,6 +13,11 @@ export interface RequestLog {
   keyHash?: string | null | undefined;
   keySource?: string | null | undefined;
   rule?: string | undefined;
+  /** how it was served (disaggregated, local, colocated) and why (SPEC 8 reasons) */
+  mode?: string | undefined;
+  reason?: string | undefined;
+  /** the prompt's tokens D was predicted not to hold */
+  uncachedTokens?: number | undefined;
   status: number;
   outcome: string;
   routeMs?: number | undefined;

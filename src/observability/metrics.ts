@@ -3,6 +3,7 @@ import type { ConfigSnapshot } from "../config/load";
 import { nodePools } from "../config/pools";
 import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
+import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
 import type { HistoryPoint } from "../state/node-history";
 import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
@@ -56,6 +57,12 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.inflight[role] }))),
     },
     { name: "pd_router_node_inflight_tokens", help: "Estimated prompt tokens of the decode streams open on the node.", type: "gauge", samples: perNode((n) => n.inflight.tokens) },
+    {
+      name: "pd_router_node_inflight_prefill_tokens",
+      help: "Estimated uncached prompt tokens of the prefills running on the node (its prefill work in flight).",
+      type: "gauge",
+      samples: perNode((n) => n.inflight.prefillTokens),
+    },
     { name: "pd_router_node_healthy", help: "1 when the node may take new work (probes up and not ejected), else 0.", type: "gauge", samples: perNode((n) => (n.healthy ? 1 : 0)) },
     { name: "pd_router_node_probe_up", help: "1 when the node's active /health probes say it is up.", type: "gauge", samples: perNode((n) => (n.probeUp ? 1 : 0)) },
     { name: "pd_router_node_draining", help: "1 when the node is marked drain in the cluster document.", type: "gauge", samples: perNode((n) => (n.drain ? 1 : 0)) },
@@ -70,6 +77,36 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       help: "Selection decisions, by role and the rule that decided.",
       type: "counter",
       samples: snapshot.decisions.map((d) => ({ labels: { role: d.role, rule: d.rule }, value: d.count })),
+    },
+    {
+      name: "pd_router_disagg_decisions_total",
+      help: "How requests were served (mode: disaggregated, local, colocated) and why (reason), SPEC 8.",
+      type: "counter",
+      samples: disaggSamples(snapshot.disagg),
+    },
+    {
+      name: "pd_router_prefix_predicted_tokens_total",
+      help: "Prompt tokens the router predicted the prefilling node had cached (from its prefix index), summed over the answers that reported usage.",
+      type: "counter",
+      samples: perNode((n) => n.prefix.predictedTokens),
+    },
+    {
+      name: "pd_router_prefix_cached_tokens_total",
+      help: "Prompt tokens the prefilling node reported cached (prompt_tokens_details.cached_tokens) on the same answers.",
+      type: "counter",
+      samples: perNode((n) => n.prefix.cachedTokens),
+    },
+    {
+      name: "pd_router_prefix_cache_lost_total",
+      help: "Times the node's answers showed it lost its prefix cache (restart, reset) and its index entries were dropped.",
+      type: "counter",
+      samples: perNode((n) => n.prefix.cacheLost),
+    },
+    {
+      name: "pd_router_node_chars_per_token",
+      help: "Characters of prompt text per token, learned from the node's answers (the pool's until it has its own).",
+      type: "gauge",
+      samples: perNode((n) => n.prefix.charsPerToken),
     },
     {
       name: "pd_router_prefix_lookup_blocks_total",
@@ -172,6 +209,17 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
   ];
 }
 
+/** Every valid (mode, reason) at 0 from the start, then any other the object counted. */
+function disaggSamples(counted: ClusterSnapshot["disagg"]): Sample[] {
+  const key = (d: { mode: string; reason: string }) => `${d.mode} ${d.reason}`;
+  const byKey = new Map(counted.map((d) => [key(d), d.count]));
+  const known = new Set(DISAGG_DECISIONS.map(key));
+  return [
+    ...DISAGG_DECISIONS.map((d) => ({ labels: { mode: d.mode, reason: d.reason }, value: byKey.get(key(d)) ?? 0 })),
+    ...counted.filter((d) => !known.has(key(d))).map((d) => ({ labels: { mode: d.mode, reason: d.reason }, value: d.count })),
+  ];
+}
+
 const KNOWN_ROUTES = new Set([
   "/v1/chat/completions",
   "/v1/completions",
@@ -265,6 +313,12 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
     decisions: sum(
       all.flatMap((s) => s.decisions),
       (d) => `${d.role} ${d.rule}`,
+      (d) => d.count,
+      (d, count) => ({ ...d, count }),
+    ),
+    disagg: sum(
+      all.flatMap((s) => s.disagg ?? []),
+      (d) => `${d.mode} ${d.reason}`,
       (d) => d.count,
       (d, count) => ({ ...d, count }),
     ),

@@ -6,6 +6,8 @@ import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
 import { badRequest, RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
+import { forwardLocalPrefill } from "../forward/local-prefill";
+import { jsonAnswerUsage, sseUsageObserver, type AnswerUsage } from "../forward/usage-watch";
 import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
@@ -19,7 +21,7 @@ import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../fo
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
 import { affinityKey, conversationKey } from "../routing/affinity-key";
-import { canonicalPromptText, prefixBlockHashes } from "../routing/prefix-blocks";
+import { canonicalPromptText, prefixBlockHashes, promptCharCount } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import { DEFAULT_LEASE_TTL_MS } from "../state/cluster-state";
 import type { AdmissionError, ClusterView, LegReport, RouteRequest } from "../state/types";
@@ -83,8 +85,13 @@ export async function buildRouteRequest(
   const keyed = pinned || (!oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode)));
   const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
   const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
-  // Only cache_aware needs the prompt rendered as one string; the rest of the policies never pay for it.
-  const prefixHashes = cacheAware ? await prefixBlockHashes(canonicalPromptText(body, kind), policy.cacheAware.blockChars) : [];
+  // conditional disaggregation asks how much of the prompt D holds: the prefix blocks, whatever the policy
+  const conditional = !colocated && policy.disaggregation === "conditional";
+  // Only cache_aware and conditional need the prompt rendered as one string and hashed; the rest
+  // of the policies pay for its length alone (requests are weighed by their tokens).
+  const text = cacheAware || conditional ? canonicalPromptText(body, kind) : null;
+  const prefixHashes = text !== null ? await prefixBlockHashes(text, policy.cacheAware.blockChars) : [];
+  const promptChars = oneHop ? 0 : text !== null ? text.length : promptCharCount(body, kind);
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
   // the object of the pool that serves this model (one for the whole cluster unless model sets are disjoint)
   const pool = poolFor(config, model);
@@ -102,6 +109,7 @@ export async function buildRouteRequest(
       key: key?.hash ?? null,
       prefixHashes,
       tokens: Math.ceil(bodyChars / 4),
+      promptChars,
       dryRun,
       ...(oneHop ? { oneHop } : {}),
       ...(pinned ? { pinned } : {}),
@@ -266,7 +274,10 @@ async function route(
       resolve: (id) => upstreamNode(env, nodes!.get(id)!),
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
-    const answer = await (oneHop ? forwardColocated : PROTOCOLS[config.protocol])(ctx);
+    // conditional disaggregation may have D prefill alone: no P leg, D's body without a handle
+    const forward = oneHop ? forwardColocated : life.isLocalPrefill ? forwardLocalPrefill : PROTOCOLS[config.protocol];
+    const answer = await forward(ctx);
+    if (!oneHop) reportPrefillUsage(life, answer);
     life.timings.decodeMs = answer.decodeMs;
     if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
     return { life, config, answer };
@@ -283,6 +294,18 @@ async function route(
     error.counted = true;
     throw error;
   }
+}
+
+/**
+ * Cache-hit feedback: P's usage when P prefilled (vllm; vllm-mooncake's arrives beside D's stream
+ * and is read when the request ends). A node that served alone reports through its own answer
+ * (answerBody). Under sglang the router reads neither P's answer's usage nor D's (D counts the
+ * KV it received as cached), so nothing is learned there.
+ */
+function reportPrefillUsage(life: RequestLife, answer: DecodeAnswer): void {
+  const usage = answer.prefillUsage;
+  if (!usage || answer.prefillNode === answer.decodeNode) return;
+  life.reportEngineUsage(() => (usage.promptTokens === null ? null : { node: answer.prefillNode, promptTokens: usage.promptTokens, cachedTokens: usage.cachedTokens }));
 }
 
 /** The events that end a complete Responses API stream (vLLM's responses/serving.py). */
@@ -320,8 +343,14 @@ function responseIdWatcher(life: RequestLife, inner: ChunkRewriter | null): Chun
 function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
   const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
+  // a node that prefilled alone (colocated, a local prefill, a pinned turn) reports its own usage
+  // (one-hop answers and prompts of unknown size teach nothing: no prediction, no rate to learn)
+  const alone = answer.prefillNode === answer.decodeNode && life.mode !== null && life.mode !== "disaggregated" && (life.decision?.tokens.prompt ?? 0) > 0;
+  let seen: AnswerUsage | null = null;
+  if (alone) life.reportEngineUsage(() => (seen ? { node: answer.decodeNode, ...seen } : null));
   life.responding();
   if (answer.body.kind === "json") {
+    if (alone) seen = jsonAnswerUsage(answer.body.text);
     const text = fix ? fixUsageInBody(answer.body.text, fix) : answer.body.text;
     if (kind === "responses") rememberResponse(life, text);
     life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
@@ -352,11 +381,13 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
         return life.end({ status: 499, outcome: end.outcome, error: end.error, legs: { decode: decodeLeg("aborted") } });
     }
   };
+  // its stream's usage frame, when the client asked for one, is watched (never changed)
+  const watch = alone && streamHasUsage(kind, body) ? sseUsageObserver((u) => (seen = u)) : null;
   const source = new DecodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewriter: kind === "responses" ? responseIdWatcher(life, fix ? sseUsageRewriter(fix) : null) : fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : null,
+    rewriter: kind === "responses" ? responseIdWatcher(life, fix ? sseUsageRewriter(fix) : watch) : fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : watch,
     idleMs: config.timeouts.decodeIdleMs,
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),
@@ -381,6 +412,8 @@ function answerHeaders(requestId: string, routed: Routed[]): Headers {
     "x-request-id": requestId,
     "x-pd-prefill": routed.map((r) => r.answer.prefillNode).join(","),
     "x-pd-decode": routed.map((r) => r.answer.decodeNode).join(","),
+    // SPEC 8 route receipt: how each request was served (for local, x-pd-prefill names D)
+    "x-pd-mode": routed.map((r) => r.life.mode ?? "disaggregated").join(","),
     "server-timing": serverTiming(first.life.timings.routeMs ?? 0, first.answer.prefillMs, first.answer.decodeMs, first.life.timings.queueMs),
   });
   const failOpen = [...new Set(routed.flatMap((r) => r.life.failOpen))];
@@ -562,6 +595,11 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   return c.json({
     protocol: config.protocol,
     policy: config.policy,
+    // SPEC 8: how it would be served and why; the prompt's tokens on the chosen D and those D lacks
+    mode: d.mode,
+    reason: d.reason,
+    promptTokens: d.tokens.prompt,
+    uncachedTokens: d.tokens.uncachedOnDecode,
     prefill: summary("prefill"),
     decode: summary("decode"),
     key: { source: keySource, hash: request.key, prefixBlocks },

@@ -3,8 +3,37 @@
 
 import { loadBound } from "./bounded-load";
 import { isBusy, kvBarrier } from "./kv-guard";
+import { decideLocalPrefill, type LocalPrefillAnswer } from "./local-prefill";
 import { compareIds, rendezvousScore } from "./rendezvous";
-import type { CandidateNode, Decision, DecisionRule, GuardSettings, PolicyName, Result, Role, RoleDecision, ScoredCandidate, SelectionError, SelectionInput } from "./types";
+import type {
+  CandidateNode,
+  Decision,
+  DecisionRule,
+  DecisionTokens,
+  GuardSettings,
+  PdMode,
+  PdReason,
+  PolicyName,
+  Result,
+  Role,
+  RoleDecision,
+  ScoredCandidate,
+  SelectionError,
+  SelectionInput,
+} from "./types";
+import { promptTokensOf, uncachedTokensOf, workWeightedLoads } from "./work";
+
+/**
+ * cache_aware's recent share: each request counts its tokens plus this fraction of the pool's mean
+ * tokens a request (its decoding and KV, which a prefill-token count misses). Measured on the
+ * Mooncake trace (8 nodes; max/mean in prefill tokens, in requests): 0 gives 1.01 and 1.69 (one
+ * node holding a much-reused prefix takes its cheap turns without end), 1 gives 1.08-1.12 and
+ * 1.38-1.41 (over the 1.10 target), 0.5 gives about 1.06 and 1.46, at the best hit ratio of the three.
+ */
+const REQUEST_SHARE_WEIGHT = 0.5;
+
+/** SPEC 8 defaults of `policy.localPrefillTokens` / `localPrefillRatio`, for a view saved before them. */
+const DEFAULT_LOCAL_PREFILL = { tokens: 2048, ratio: 0.7 };
 
 /** Appended to the affinity key for decode, so P and D spread independently of each other. */
 export const DECODE_KEY_DISCRIMINATOR = ":decode";
@@ -30,8 +59,9 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
       fallbacks: [...decode.decision.fallbacks],
       failOpen: decode.decision.failOpen,
     };
-    return { ok: true, value: { prefill, decode: decode.decision, cursors } };
+    return decided(input, prefill, decode.decision, cursors, "colocated", "always");
   }
+  if (input.policy.disaggregation === "conditional") return selectDecodeFirst(input, cursors);
 
   const prefillPool = poolOf(input, "prefill");
   const decodePool = poolOf(input, "decode");
@@ -39,6 +69,9 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
   if (prefill.kind !== "ok") return fail({ kind: "no_nodes", role: "prefill" });
   if (decodePool.nodes.length === 0) return fail({ kind: "no_nodes", role: "decode" });
   if (prefill.usedRoundRobin) cursors.prefill += 1;
+  // A turn that continues a stored response is served by its D alone (forward/vllm.ts decodeAlone);
+  // P is still picked and leased, as before conditional disaggregation existed.
+  const [mode, reason]: [PdMode, PdReason] = input.pinned === true ? ["local", "pinned"] : ["disaggregated", "always"];
 
   switch (input.policy.pdGroup) {
     case "off": {
@@ -46,7 +79,7 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
       if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
       if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
       if (decode.usedRoundRobin) cursors.decode += 1;
-      return { ok: true, value: { prefill: prefill.decision, decode: decode.decision, cursors } };
+      return decided(input, prefill.decision, decode.decision, cursors, mode, reason);
     }
     case "prefer": {
       const decode = rankRole(decodePool);
@@ -54,16 +87,164 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
       if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
       if (decode.usedRoundRobin) cursors.decode += 1;
       const group = nodeById(prefillPool.nodes, prefill.decision.id)?.group;
-      const decided = group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
-      return { ok: true, value: { prefill: prefill.decision, decode: decided, cursors } };
+      const decided_ = group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
+      return decided(input, prefill.decision, decided_, cursors, mode, reason);
     }
     case "strict": {
       const strict = strictGroup(prefill, prefillPool, decodePool);
       if (!strict.ok) return strict;
       if (strict.value.decodeUsedRoundRobin) cursors.decode += 1;
-      return { ok: true, value: { prefill: strict.value.prefill, decode: strict.value.decode, cursors } };
+      return decided(input, strict.value.prefill, strict.value.decode, cursors, mode, reason);
     }
   }
+}
+
+/** The decision with its mode, reason and the request's size for the nodes picked. */
+function decided(
+  input: SelectionInput,
+  prefill: RoleDecision,
+  decode: RoleDecision,
+  cursors: Decision["cursors"],
+  mode: PdMode,
+  reason: PdReason,
+): Result<Decision, SelectionError> {
+  // the node that prefills: P when disaggregated (also a pinned turn's, which P never prefills: D does)
+  const prefiller = mode === "disaggregated" ? prefill.id : null;
+  return { ok: true, value: { prefill, decode, cursors, mode, reason, tokens: decisionTokens(input, prefiller, decode.id) } };
+}
+
+/** The prompt's tokens on D, what D and the prefilling node lack (at least 1: every request is some work). */
+export function decisionTokens(input: SelectionInput, prefiller: string | null, decodeId: string): DecisionTokens {
+  const chars = input.promptChars ?? 0;
+  const blockChars = input.policy.cacheAware.blockChars;
+  const d = nodeById(input.decode, decodeId);
+  const uncachedOnDecode = chars > 0 ? uncachedTokensOf(chars, input.prefixMatches.decode[decodeId] ?? 0, blockChars, d?.charsPerToken) : null;
+  const p = prefiller === null ? undefined : nodeById(input.prefill, prefiller);
+  const onPrefill = prefiller === null ? uncachedOnDecode : chars > 0 ? uncachedTokensOf(chars, input.prefixMatches.prefill[prefiller] ?? 0, blockChars, p?.charsPerToken) : null;
+  return {
+    prompt: promptTokensOf(chars, d?.charsPerToken),
+    uncachedOnDecode,
+    prefillWork: Math.max(1, onPrefill ?? 0),
+    decodeWork: Math.max(1, uncachedOnDecode ?? 0),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conditional disaggregation: D first
+
+/**
+ * `policy.disaggregation: "conditional"` (SPEC 8): D is picked first by the decode policy (with
+ * the KV guard); the prompt's tokens D is predicted not to hold decide whether D prefills it
+ * alone (local-prefill.ts); otherwise a P is picked by the prefill policy, its group relative to
+ * the chosen D (prefer: P in D's group within the bonus; strict: D's ranking is walked to the
+ * first D whose group has a P). A D that would prefill the request anyway is no P for it when
+ * another exists (`both` nodes: one pool serving either way).
+ */
+function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"]): Result<Decision, SelectionError> {
+  const decodePool = poolOf(input, "decode");
+  const decode = rankRole(decodePool);
+  if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
+  if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
+  if (decode.usedRoundRobin) cursors.decode += 1;
+  const first = decode.decision;
+  const guard = input.guard ?? null;
+  const thresholds = {
+    tokens: input.policy.localPrefillTokens ?? DEFAULT_LOCAL_PREFILL.tokens,
+    ratio: input.policy.localPrefillRatio ?? DEFAULT_LOCAL_PREFILL.ratio,
+  };
+  const localRole = (d: RoleDecision, peeked: ScoredCandidate[]): RoleDecision => ({ id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false });
+
+  // A turn that continues a stored response: only its D holds the state, so D serves it alone.
+  if (input.pinned === true) return decided(input, localRole(first, []), first, cursors, "local", "pinned");
+
+  const strict = input.policy.pdGroup === "strict";
+  const busyIds = new Set(first.candidates.filter((c) => c.busy === true).map((c) => c.id));
+  const walk = strict ? [first.id, ...first.fallbacks.filter((id) => !busyIds.has(id))] : [first.id];
+  const tried: string[] = [];
+  for (const [index, did] of walk.entries()) {
+    const d = nodeById(decodePool.nodes, did) as CandidateNode;
+    if (strict && tried.includes(d.group)) continue;
+    tried.push(d.group);
+    const decodeDecision = index === 0 ? first : walkedDecode(first, walk.slice(0, index), d, decodePool);
+    const tokens = decisionTokens(input, null, did);
+    const question = {
+      promptTokens: tokens.prompt,
+      uncachedTokens: tokens.uncachedOnDecode ?? tokens.prompt,
+      thresholds,
+      localPrefill: d.localPrefill === true,
+      decodeBusy: decodeBusyWith(d, guard, tokens.uncachedOnDecode ?? tokens.prompt),
+      prefillBusy: null,
+    };
+    let answer: LocalPrefillAnswer = decideLocalPrefill(question);
+    if (answer.local) return decided(input, localRole(localFallbacks(decodeDecision, decodePool), []), localFallbacks(decodeDecision, decodePool), cursors, "local", answer.reason);
+
+    const prefillPool = prefillPoolFor(input, did);
+    const ranked = strict ? rankRole(prefillPool, d.group) : rankRole(prefillPool);
+    if (ranked.kind !== "ok") {
+      if (strict) continue;
+      return fail({ kind: "no_nodes", role: "prefill" });
+    }
+    const prefill = input.policy.pdGroup === "prefer" ? preferGroup(ranked, prefillPool, d.group, input.policy.pdGroupBonus) : ranked.decision;
+    const p = nodeById(prefillPool.nodes, prefill.id);
+    // Dynamo's prefill-load bypass: the P it would get would queue it anyway (ai-dynamo/dynamo
+    // lib/kv-router/src/conditional_disagg.rs PrefillLoadPolicy), unless D is busy
+    const prefillBusy = p !== undefined && guard !== null && p.signals?.queue != null && p.signals.queue >= guard.queueBusy;
+    if (answer.reason === "cold" && prefillBusy) {
+      answer = decideLocalPrefill({ ...question, prefillBusy: true });
+      if (answer.local) {
+        const peeked = prefill.candidates.map((c) => (c.id === prefill.id ? { ...c, queue: p?.signals?.queue ?? null, busy: true } : c));
+        const local = localFallbacks(decodeDecision, decodePool);
+        return decided(input, localRole(local, peeked), local, cursors, "local", answer.reason);
+      }
+    }
+    if (ranked.usedRoundRobin) cursors.prefill += 1;
+    const prefillDecision: RoleDecision = strict && index > 0 ? { ...prefill, rule: prefill.rule === "sticky" || prefill.failOpen ? prefill.rule : "pdgroup_strict" } : prefill;
+    return decided(input, prefillDecision, decodeDecision, cursors, "disaggregated", answer.reason);
+  }
+  const available = [...new Set(input.prefill.filter(isAvailable).map((n) => n.group))];
+  return fail({
+    kind: "no_decode_in_group",
+    message:
+      `pdGroup is strict and no prefill node may take work in the group of any decode candidate ` +
+      `(decode groups tried: ${tried.join(", ") || "none"}; groups with an available prefill node: ${available.join(", ") || "none"})`,
+  });
+}
+
+/** D's pick after walking past `passed` (strict, decode first): the rule says so, failover stays in its group. */
+function walkedDecode(first: RoleDecision, passed: string[], d: CandidateNode, pool: Pool): RoleDecision {
+  const skipped = new Set(passed);
+  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === d.group;
+  return {
+    id: d.id,
+    rule: "pdgroup_strict",
+    candidates: first.candidates.map((c) => (skipped.has(c.id) ? { ...c, skipped: "group" } : c.id === d.id ? withoutSkip(c) : c)),
+    fallbacks: [first.id, ...first.fallbacks].filter((id) => id !== d.id && sameGroup(id)),
+    failOpen: false,
+  };
+}
+
+/** A local prefill fails over only to decode nodes that may prefill alone too. */
+function localFallbacks(d: RoleDecision, pool: Pool): RoleDecision {
+  return { ...d, fallbacks: d.fallbacks.filter((id) => nodeById(pool.nodes, id)?.localPrefill === true) };
+}
+
+/** The prefill pool for a request whose D is `decodeId`: without that node while another may take work. */
+function prefillPoolFor(input: SelectionInput, decodeId: string): Pool {
+  const pool = poolOf(input, "prefill");
+  const others = pool.nodes.filter((n) => n.id !== decodeId);
+  return others.some(isAvailable) ? { ...pool, nodes: others } : pool;
+}
+
+/**
+ * D is busy for a local prefill: the KV guard says so now, or would once this request's
+ * uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks).
+ */
+export function decodeBusyWith(n: CandidateNode, guard: GuardSettings | null, tokens: number): boolean {
+  if (guard === null) return false;
+  if (isBusy(n, guard)) return true;
+  const s = n.signals;
+  if (!s || s.kvUsage === null || !s.kvCapacityTokens || !(s.kvCapacityTokens > 0)) return false;
+  return s.kvUsage + Math.max(0, tokens) / s.kvCapacityTokens >= guard.kvBusy;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -85,6 +266,11 @@ interface Pool {
   shareFactor: number;
   /** the decode KV guard; null for prefill and for requests it does not apply to */
   guard: GuardSettings | null;
+  /** the prompt's characters (0: unknown) and the prefix blocks' size: each candidate's uncached tokens */
+  promptChars: number;
+  blockChars: number;
+  /** this request's share of work in the unit `recent` counts (tokens): the "+1" of the share bound */
+  requestWork: number;
 }
 
 function poolOf(input: SelectionInput, role: Role): Pool {
@@ -103,6 +289,9 @@ function poolOf(input: SelectionInput, role: Role): Pool {
     cacheLoadFactor: input.policy.cacheAware.loadFactor,
     shareFactor: input.policy.cacheAware.shareFactor,
     guard: role === "decode" ? (input.guard ?? null) : null,
+    promptChars: input.promptChars ?? 0,
+    blockChars: input.policy.cacheAware.blockChars,
+    requestWork: Math.max(1, promptTokensOf(input.promptChars ?? 0)),
   };
 }
 
@@ -112,6 +301,8 @@ interface Ranked {
   /** available, in-scope nodes under their bound, in the policy's order (the chosen one included) */
   preferred: string[];
   usedRoundRobin: boolean;
+  /** the load each node was weighed with (in-flight requests weighted by their tokens, plus the KV barrier) */
+  effective: Map<string, number>;
 }
 
 /**
@@ -122,7 +313,7 @@ type RankOutcome = Ranked | { kind: "empty" } | { kind: "none_in_group" } | { ki
 
 const isAvailable = (n: CandidateNode): boolean => n.healthy && !n.drain;
 const weightOf = (n: CandidateNode): number => (n.weight > 0 ? n.weight : 1);
-const loadPerWeight = (n: CandidateNode): number => n.load / weightOf(n);
+const round3 = (x: number): number => Math.round(x * 1000) / 1000;
 
 /** The guard's figures on a decode candidate, as /v1/route shows them. */
 function withSignals(c: ScoredCandidate, n: CandidateNode, busy: boolean, barrier: number): void {
@@ -134,8 +325,6 @@ function withSignals(c: ScoredCandidate, n: CandidateNode, busy: boolean, barrie
   // infinite only at a full cache, which is always busy
   if (Number.isFinite(barrier)) c.kvBarrier = Math.round(barrier * 1000) / 1000;
 }
-/** requests recently routed to the node, per unit of weight */
-const shareOf = (n: CandidateNode): number => (n.recent ?? 0) / (n.weight > 0 ? n.weight : 1);
 
 /**
  * Ranks one role's pool by its policy and picks a node. `group` restricts the pick to one group
@@ -151,9 +340,14 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   /** may take new work: available and not busy */
   const open = (n: CandidateNode): boolean => isAvailable(n) && !busy(n);
   const eligible = (n: CandidateNode): boolean => open(n) && inScope(n);
-  // KV pressure counts as extra in-flight requests wherever load is weighed (kv-guard.ts)
+  // KV pressure counts as extra in-flight requests wherever load is weighed (kv-guard.ts), and
+  // in-flight requests count by their tokens (work.ts): over the nodes that may take work the
+  // weighted counts sum to the plain count, so the bounds below keep their meaning
   const barrier = (n: CandidateNode): number => (guard === null ? 0 : kvBarrier(n));
-  const loadOf = (n: CandidateNode): number => Math.max(0, n.load) + barrier(n);
+  const weighted = new Map<string, number>();
+  const weights = workWeightedLoads(nodes, nodes.map(open));
+  for (const [i, n] of nodes.entries()) weighted.set(n.id, weights[i] ?? Math.max(0, n.load));
+  const loadOf = (n: CandidateNode): number => (weighted.get(n.id) ?? Math.max(0, n.load)) + barrier(n);
   if (scope.length === 0) return { kind: "none_in_group" };
 
   const usesKey = pool.policy === "affinity" || pool.policy === "cache_aware";
@@ -165,12 +359,23 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   let totalLoad = 0;
   let totalWeight = 0;
   let totalRecent = 0;
+  let totalRequests = 0;
   for (const n of nodes) {
     if (!open(n)) continue;
     totalLoad += loadOf(n);
     totalWeight += n.weight;
     totalRecent += Math.max(0, n.recent ?? 0);
+    totalRequests += Math.max(0, n.recentRequests ?? 0);
   }
+  // The recent share in work: the tokens a node was given lately, plus for each request half the
+  // pool's mean tokens a request — a request costs its node more than its prefill (it holds KV and
+  // decodes), so a node given many cheap warm turns is not taken for idle. One measure, summed
+  // over the same nodes as the totals, so the share bounds below still sum past the total.
+  const meanWork = totalRequests > 0 ? (REQUEST_SHARE_WEIGHT * totalRecent) / totalRequests : 0;
+  const recentOf = (n: CandidateNode): number => Math.max(0, n.recent ?? 0) + meanWork * Math.max(0, n.recentRequests ?? 0);
+  const totalShare = totalRecent + meanWork * totalRequests;
+  /** the recent share per unit of weight (cache_aware's and least_load's tie-break) */
+  const shareOf = (n: CandidateNode): number => recentOf(n) / weightOf(n);
   const cacheAware = policy === "cache_aware";
   const loadFactor = cacheAware ? pool.cacheLoadFactor : pool.loadFactor;
   // A node outside that set (a draining sticky node) is measured as if it were one more member.
@@ -180,14 +385,18 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     open(n)
       ? loadBound(n.weight, totalWeight, totalLoad, loadFactor, pool.loadSlack)
       : loadBound(n.weight, totalWeight + n.weight, totalLoad + loadOf(n), loadFactor, pool.loadSlack);
-  // cache_aware's share bound: the same construction over recently routed requests, so the
-  // bounds again sum to more than the total and some node is always under its own.
+  // cache_aware's share bound: the same construction over the work recently routed (tokens), so
+  // the bounds again sum to more than the total and some node is always under its own. Every node
+  // may also be one such request over its share (the request's own size, like loadSlack for
+  // in-flight load): on a lightly loaded cluster one long cold prompt would otherwise put its node
+  // over the share, and the conversation's next turn would leave the node holding its cache.
+  const slack = pool.requestWork + meanWork;
   const shareBoundOf = (n: CandidateNode): number => {
     const weight = open(n) ? totalWeight : totalWeight + n.weight;
-    const recent = open(n) ? totalRecent : totalRecent + Math.max(0, n.recent ?? 0);
-    return weight > 0 ? (pool.shareFactor * (recent + 1) * n.weight) / weight : Infinity;
+    const recent = open(n) ? totalShare : totalShare + recentOf(n);
+    return weight > 0 ? (pool.shareFactor * (recent + slack) * n.weight) / weight + slack : Infinity;
   };
-  const underShare = (n: CandidateNode): boolean => !cacheAware || (n.recent ?? 0) < shareBoundOf(n);
+  const underShare = (n: CandidateNode): boolean => !cacheAware || recentOf(n) < shareBoundOf(n);
   const underOwnBound = (n: CandidateNode): boolean => !bounded || (loadOf(n) < boundOf(n) && underShare(n));
 
   const rendezvous = new Map<string, number>();
@@ -198,10 +407,16 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
 
   // Session stickiness: the conversation's previous node keeps it, even while draining, unless busy.
   // A pinned request (its node holds state it needs) keeps the node whatever the policy, bound and KV.
+  // Under cache_aware it keeps it only among the nodes holding the longest prefix: a key shared by
+  // many conversations (a common system prompt in a completions prompt's first blocks) must not
+  // pull them all onto the node that served the last of them, away from the nodes holding their own.
+  const matchedOf = (n: CandidateNode): number => Math.max(0, Math.min(pool.matches[n.id] ?? 0, pool.blockCount));
+  const longestMatch = policy === "cache_aware" ? Math.max(0, ...scope.filter((n) => open(n)).map(matchedOf)) : 0;
   if ((usesKey || pool.pinned) && pool.sticky !== undefined) {
     const sticky = nodes.find((n) => n.id === pool.sticky);
-    if (sticky?.healthy && inScope(sticky) && (pool.pinned || (!busy(sticky) && underOwnBound(sticky)))) {
-      const order = policyOrder(pool, policy, nodes, inScope, byRendezvous);
+    const holdsLongest = sticky !== undefined && (policy !== "cache_aware" || matchedOf(sticky) >= longestMatch);
+    if (sticky?.healthy && inScope(sticky) && (pool.pinned || (!busy(sticky) && underOwnBound(sticky) && holdsLongest))) {
+      const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf, shareOf);
       return finish(order, sticky, "sticky", false);
     }
   }
@@ -215,11 +430,11 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   const free = ready.filter((n) => !busy(n));
   if (free.length === 0) {
     // Every node that could serve is busy: the request waits at the edge (admission queue).
-    const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf);
+    const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf, shareOf);
     return { kind: "busy", candidates: finish(order, null, policy, false).decision.candidates };
   }
 
-  const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf);
+  const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf, shareOf);
   let chosen = order.nodes.find((n) => eligible(n) && underOwnBound(n));
   let rule: DecisionRule = policy;
   if (chosen === undefined) {
@@ -238,6 +453,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     const candidates = ordered.map((n): ScoredCandidate => {
       const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
       if (guard !== null) withSignals(c, n, busy(n), barrier(n));
+      workTerms(c, n);
       if (bounded) c.bound = boundOf(n);
       const rv = rendezvous.get(n.id);
       if (rv !== undefined) c.rendezvous = rv;
@@ -245,8 +461,9 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
       if (terms) {
         c.matchedBlocks = terms.matched;
         c.score = terms.score;
-        c.recent = Math.round((n.recent ?? 0) * 1000) / 1000;
-        c.shareBound = Math.round(shareBoundOf(n) * 1000) / 1000;
+        c.recent = round3(recentOf(n));
+        c.shareBound = round3(shareBoundOf(n));
+        if (n.recentRequests !== undefined) c.recentRequests = round3(n.recentRequests);
       }
       if (n !== pick) {
         const skipped = skipReason(n);
@@ -259,12 +476,22 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     // a busy node is a last resort for a failover: better than an error once the request is under way
     const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
     const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
+    const effective = new Map(nodes.map((n) => [n.id, loadOf(n)]));
     return {
       kind: "ok",
       decision: { id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false },
       preferred,
       usedRoundRobin,
+      effective,
     };
+  }
+
+  /** The candidate's work figures: in-flight tokens, the load weighed, and what it lacks of this prompt. */
+  function workTerms(c: ScoredCandidate, n: CandidateNode): void {
+    if (n.work !== undefined) c.loadTokens = n.work;
+    const effective = loadOf(n);
+    if (Number.isFinite(effective)) c.effectiveLoad = round3(effective);
+    if (pool.promptChars > 0) c.uncachedTokens = uncachedTokensOf(pool.promptChars, pool.matches[n.id] ?? 0, pool.blockChars, n.charsPerToken);
   }
 
   function skipReason(n: CandidateNode): ScoredCandidate["skipped"] {
@@ -290,6 +517,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
       const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
       if (guard !== null) withSignals(c, n, busy(n), barrier(n));
+      workTerms(c, n);
       const rv = rendezvous.get(n.id);
       if (rv !== undefined) c.rendezvous = rv;
       if (n !== chosenNode) {
@@ -309,6 +537,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
       },
       preferred: [],
       usedRoundRobin: false,
+      effective: new Map(nodes.map((n) => [n.id, loadOf(n)])),
     };
   }
 }
@@ -325,7 +554,8 @@ function policyOrder(
   nodes: CandidateNode[],
   inScope: (n: CandidateNode) => boolean,
   byRendezvous: (a: CandidateNode, b: CandidateNode) => number,
-  loadOf: (n: CandidateNode) => number = (n) => n.load,
+  loadOf: (n: CandidateNode) => number,
+  shareOf: (n: CandidateNode) => number,
 ): PolicyOrder {
   switch (policy) {
     case "round_robin": {
@@ -371,20 +601,25 @@ function positiveModulo(value: number, n: number): number {
 // pdGroup
 
 /**
- * prefer: take the best-ranked D in P's group (g) over the best D overall (b) when its load per
- * unit of weight is within the bonus of b's: g.load / g.weight <= b.load / b.weight * (1 + bonus)
- * (SPEC 5). Dividing by weight compares nodes of different sizes fairly, and an idle cluster
- * (0 <= 0) always stays in P's group whatever the weights. A sticky or fail-open D stays.
+ * prefer: take the best-ranked node of the partner's group (g) over the best node overall (b) —
+ * D in P's group, or under conditional disaggregation P in D's group — when its load per unit of
+ * weight is within the bonus of b's: g.load / g.weight <= b.load / b.weight * (1 + bonus) (SPEC 5).
+ * Load is the one the policy weighed (in-flight requests weighted by their tokens, plus the KV
+ * barrier for D), so a D near a full cache is not preferred for its group; a busy one never is
+ * (`preferred` holds only nodes that may take work). Dividing by weight compares nodes of
+ * different sizes fairly, and an idle cluster (0 <= 0) always stays in the group whatever the
+ * weights. A sticky or fail-open pick stays.
  */
-function preferGroup(decode: Ranked, pool: Pool, group: string, bonus: number): RoleDecision {
-  const decision = decode.decision;
+function preferGroup(ranked: Ranked, pool: Pool, group: string, bonus: number): RoleDecision {
+  const decision = ranked.decision;
   if (decision.rule === "sticky" || decision.failOpen) return decision;
   const best = nodeById(pool.nodes, decision.id);
   if (!best || best.group === group) return decision;
-  const inGroupId = decode.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
+  const inGroupId = ranked.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
   const inGroup = inGroupId === undefined ? undefined : nodeById(pool.nodes, inGroupId);
   if (!inGroup) return decision;
-  const within = loadPerWeight(inGroup) <= loadPerWeight(best) * (1 + bonus);
+  const perWeight = (n: CandidateNode): number => (ranked.effective.get(n.id) ?? n.load) / weightOf(n);
+  const within = perWeight(inGroup) <= perWeight(best) * (1 + bonus);
   if (!within) return decision;
 
   const order = [decision.id, ...decision.fallbacks].filter((id) => id !== inGroup.id);

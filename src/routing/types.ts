@@ -28,6 +28,15 @@ export interface CacheAwareParams {
 export interface SelectionPolicy {
   prefill: PolicyName;
   decode: PolicyName;
+  /**
+   * SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
+   * alone when the prompt's uncached tokens there are few (absent in views saved before it: always)
+   */
+  disaggregation?: "always" | "conditional" | undefined;
+  /** conditional: prefill on D alone only below this many uncached tokens ... */
+  localPrefillTokens?: number | undefined;
+  /** ... and below this share of the prompt */
+  localPrefillRatio?: number | undefined;
   pdGroup: PdGroupMode;
   pdGroupBonus: number;
   loadFactor: number;
@@ -53,10 +62,21 @@ export interface CandidateNode {
   drain: boolean;
   /** epoch ms of the node's last failure, 0 if none (fail-open picks the least recent) */
   lastFailureAt: number;
-  /** requests recently routed to this node in this role (decayed count; cache_aware's share) */
+  /** work recently routed to this node in this role (decayed tokens; cache_aware's share) */
   recent?: number;
+  /** requests recently routed to this node in this role (decayed count; cache_aware's request share) */
+  recentRequests?: number;
   /** the engine's own figures, projected to now; absent or null without a fresh poll (never busy then) */
   signals?: NodeSignals | null;
+  /**
+   * in-flight work in this role, in tokens: uncached prefill tokens of the prefill legs running on
+   * it (prefill), KV tokens of the decode streams open on it (decode). Absent: load counts requests.
+   */
+  work?: number;
+  /** characters a token of this node's tokenizer (learned from its answers); absent: 4 */
+  charsPerToken?: number;
+  /** may prefill a request alone as a decode node (conditional disaggregation); absent: false */
+  localPrefill?: boolean;
 }
 
 /** What the engine reported (KV use and queue), projected by what was sent since; ageMs: how old the poll is. */
@@ -64,6 +84,8 @@ export interface NodeSignals {
   kvUsage: number | null;
   queue: number | null;
   ageMs: number;
+  /** the engine's KV capacity in tokens, when it reports one (projects this request's tokens onto kvUsage) */
+  kvCapacityTokens?: number | null;
 }
 
 /** The decode KV guard's thresholds (`signals.kvBusy`, `signals.queueBusy`). */
@@ -95,6 +117,12 @@ export interface SelectionInput {
   cursors: { prefill: number; decode: number };
   /** the decode KV guard (decode nodes only); absent: no guard (one-hop requests) */
   guard?: GuardSettings | null;
+  /**
+   * characters of the prompt as the prefix blocks see it (canonical text); 0 when unknown. With each
+   * node's characters per token it gives the prompt's tokens, and with the prefix matches the
+   * tokens a node has not cached: the work the request is for that node.
+   */
+  promptChars?: number;
 }
 
 /** Why a node was chosen; shown by POST /v1/route. */
@@ -108,6 +136,8 @@ export type DecisionRule =
   | "pdgroup_prefer"
   | "pdgroup_strict"
   | "colocated"
+  /** conditional disaggregation: no P leg, D prefills the request itself */
+  | "local_prefill"
   | "fail_open";
 
 export interface ScoredCandidate {
@@ -125,6 +155,8 @@ export interface ScoredCandidate {
   score?: number;
   recent?: number;
   shareBound?: number;
+  /** requests recently routed (the share counts each as the pool's mean work besides its own tokens) */
+  recentRequests?: number;
   /** decode KV guard: the engine's projected KV use and queue (null without a fresh poll), the poll's age, busy */
   kvUsage?: number | null;
   queue?: number | null;
@@ -132,6 +164,12 @@ export interface ScoredCandidate {
   busy?: boolean;
   /** KV use as extra in-flight requests, kvUsage / (1 - kvUsage) (0 without signals) */
   kvBarrier?: number;
+  /** in-flight work in tokens (uncached prefill tokens on P, KV tokens on D), when known */
+  loadTokens?: number;
+  /** the load bounded load and least_load weighed: in-flight requests weighted by their tokens, plus the KV barrier */
+  effectiveLoad?: number;
+  /** the prompt's tokens this node is predicted not to hold (its prefill work for this request) */
+  uncachedTokens?: number;
   /** the node was passed over, and why */
   skipped?: "unhealthy" | "draining" | "busy" | "over_bound" | "over_share" | "group";
 }
@@ -147,10 +185,30 @@ export interface RoleDecision {
   failOpen: boolean;
 }
 
+/** How the request is served: P then D, D alone, or one hop (SPEC 8 `x-pd-mode`). */
+export type PdMode = "disaggregated" | "local" | "colocated";
+/** Why (SPEC 8 reasons). */
+export type PdReason = "always" | "cached" | "cold" | "prefill_busy" | "decode_busy" | "no_local_prefill" | "pinned";
+
+/** The request's size for the nodes picked, in tokens (each node's own characters per token). */
+export interface DecisionTokens {
+  /** the prompt on D (KV tokens D holds while it decodes); 0 when the prompt's size is unknown */
+  prompt: number;
+  /** tokens D was predicted to lack (null: no prefix information for D) */
+  uncachedOnDecode: number | null;
+  /** work of the prefill: uncached tokens on the node that prefills (P, or D when local / colocated) */
+  prefillWork: number;
+  /** work on D: the tokens it had to bring into its KV (computed or pulled) */
+  decodeWork: number;
+}
+
 export interface Decision {
   prefill: RoleDecision;
   decode: RoleDecision;
   cursors: { prefill: number; decode: number };
+  mode: PdMode;
+  reason: PdReason;
+  tokens: DecisionTokens;
 }
 
 export type SelectionError =

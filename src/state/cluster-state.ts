@@ -7,6 +7,8 @@ import type { CandidateNode, Decision, GuardSettings, NodeSignals, Role } from "
 import { AdmissionQueue, type AdmissionSettings } from "./admission-queue";
 import { AlarmSchedule, type AlarmJob } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
+import { CacheFeedback, type CachePrediction, type EngineUsage } from "./cache-feedback";
+import { CharsPerToken } from "./chars-per-token";
 import { RoundRobinCursors } from "./cursors";
 import { EngineSignals, type SignalSettings } from "./engine-signals";
 import { breakerState, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, probeSettings } from "./health";
@@ -73,6 +75,10 @@ export class ClusterState extends DurableObject {
   /** leases admitted from the queue and not yet confirmed by their Worker, until when */
   private readonly reservations = new Map<string, number>();
   private readonly history = new NodeHistory(HISTORY_KEEP_MS, HISTORY_POINTS);
+  /** each node's characters per token, learned from its answers */
+  private readonly charsPerToken = new CharsPerToken();
+  /** predicted vs reported cached tokens per node, and the misses that say a node lost its cache */
+  private readonly cacheFeedback = new CacheFeedback();
   private lastSample = 0;
   private wakeTimer: ReturnType<typeof setTimeout> | undefined;
   /** per prefill node: does it report prompt_tokens_details (observability/usage-details.ts) */
@@ -147,10 +153,12 @@ export class ClusterState extends DurableObject {
     // one-hop requests (embeddings, tokenizer) take one node, like colocated
     const colocated = cluster.protocol === "colocated" || req.oneHop === true;
     const usesPrefix = cluster.policy.prefill === "cache_aware" || cluster.policy.decode === "cache_aware";
+    // conditional disaggregation asks what D holds whatever the policy: the index is kept for it too
+    const indexed = (usesPrefix || (!colocated && cluster.policy.disaggregation === "conditional")) && req.prefixHashes.length > 0;
     const prefill = colocated ? [] : pool("prefill");
     const decode = pool("decode");
     const match = (role: Role, nodes: CandidateNode[]) =>
-      usesPrefix && req.prefixHashes.length
+      indexed
         ? this.prefixIndex[role].match(
             req.prefixHashes,
             nodes.map((n) => n.id),
@@ -170,6 +178,7 @@ export class ClusterState extends DurableObject {
       pinned: req.pinned === true,
       cursors: { prefill: this.cursors.prefill, decode: this.cursors.decode },
       guard,
+      promptChars: req.promptChars ?? 0,
     });
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
@@ -179,20 +188,39 @@ export class ClusterState extends DurableObject {
     this.cursors.set(decision.cursors);
     const p = decision.prefill.id;
     const d = decision.decode.id;
+    // D alone: the prefill is D's work, held in the lease's prefill part until D's first byte
+    const local = decision.prefill.rule === "local_prefill";
     for (const role of ["prefill", "decode"] as const) this.stats.countDecision(role, decision[role].rule);
+    this.stats.countDisagg(decision.mode, decision.reason);
     if (req.key) this.sticky.remember(req.key, { prefill: p, decode: d });
-    if (usesPrefix && req.prefixHashes.length) {
-      const matched = colocated ? (prefixMatches.decode[d] ?? 0) : (prefixMatches.prefill[p] ?? 0);
-      this.stats.countPrefix(req.prefixHashes.length, matched);
+    let prediction: CachePrediction | undefined;
+    if (indexed) {
+      // the node that prefills (P; D when it serves alone or colocated) and what it was believed to hold
+      const prefiller: { node: string; role: Role } = decision.mode === "disaggregated" ? { node: p, role: "prefill" } : { node: d, role: "decode" };
+      const matched = prefixMatches[prefiller.role][prefiller.node] ?? 0;
+      if (usesPrefix) this.stats.countPrefix(req.prefixHashes.length, matched);
       const maxBlocks = cluster.policy.cacheAware.maxBlocksPerRequest;
-      if (!colocated) this.prefixIndex.prefill.record(req.prefixHashes, p, maxBlocks);
-      this.prefixIndex.decode.record(req.prefixHashes, d, maxBlocks);
+      prediction = {
+        ...prefiller,
+        hashes: req.prefixHashes.slice(0, maxBlocks),
+        matched,
+        promptChars: req.promptChars ?? 0,
+        blockChars: cluster.policy.cacheAware.blockChars,
+      };
+      // who holds the prompt now: P computed it, D computed or received it. A node in both pools
+      // (role both) has one cache, so each pool's index learns it.
+      const holders = colocated || local ? [d] : [p, d];
+      for (const node of new Set(holders)) this.recordPrefix(req.prefixHashes, node, maxBlocks, { prefill, decode });
     }
     const leaseId = req.leaseId ?? this.leases.newId(now);
     const lease: NodeLease = {
-      prefill: colocated ? null : p,
+      prefill: colocated ? null : local ? d : p,
       decode: d,
-      tokens: req.tokens,
+      tokens: decision.tokens.prompt > 0 ? decision.tokens.prompt : req.tokens,
+      prefillTokens: decision.tokens.prefillWork,
+      mode: decision.mode,
+      ...(prediction ? { prediction } : {}),
+      promptChars: req.promptChars ?? 0,
       expiresAt: now + this.leases.ttlMs,
       route: req.route ?? "other",
       requestId: req.requestId,
@@ -200,10 +228,10 @@ export class ClusterState extends DurableObject {
       model: req.model,
     };
     this.leases.take(leaseId, lease);
-    this.signals.dispatched(d, req.tokens);
-    if (lease.prefill) this.picked(lease.prefill, now);
+    this.signals.dispatched(d, lease.tokens);
+    if (lease.prefill && !local) this.picked(lease.prefill, now);
     this.picked(d, now);
-    this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife);
+    this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife, { prefill: decision.tokens.prefillWork, decode: decision.tokens.decodeWork });
     // The request needs only the picks: candidates and fallbacks stay here (the lease keeps the fallbacks).
     return { ok: true, leaseId, decision: slimDecision(decision) };
   }
@@ -244,6 +272,8 @@ export class ClusterState extends DurableObject {
       // the failed D never held the request's KV; the next one will
       if (moved?.from) this.signals.released(moved.from, lease.tokens);
       this.signals.dispatched(next, lease.tokens);
+      // a local prefill moves with its D: the next D prefills it
+      if (lease.mode === "local" && lease.prefill !== null && lease.prefill === moved?.from) this.leases.move(leaseId, "prefill", next);
     }
     this.picked(next, now);
     return { next };
@@ -261,6 +291,7 @@ export class ClusterState extends DurableObject {
       if (noteUsageDetails(record, reported)) console.warn(JSON.stringify({ event: "prefill_usage_details_missing", node, message: usageDetailsWarning(node) }));
     }
     if (report.remember) this.sticky.remember(report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode });
+    if (report.engineUsage && leaseId) this.learnFromAnswer(leaseId, report.engineUsage);
     if (report.prefill) {
       this.applyOutcome(report.prefill, now);
       if (report.prefill.ms !== undefined && report.prefill.outcome === "ok") this.stats.observePrefill(report.prefill.ms);
@@ -330,10 +361,11 @@ export class ClusterState extends DurableObject {
         failureStreak: h.failureStreak,
         failuresTotal: h.failuresTotal,
         lastFailureAt: h.lastFailureAt,
-        inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0 },
+        inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0, prefillTokens: c?.prefillTokens ?? 0 },
         requestsTotal: { prefill: c?.requestsPrefill ?? 0, decode: c?.requestsDecode ?? 0 },
         signals: this.signalsStatus(n, now),
         usageDetails: usageDetailsVerdict(this.usageDetails.get(n.id)),
+        prefix: { ...this.cacheFeedback.totals(n.id), charsPerToken: Math.round(this.charsPerToken.of(n.id) * 1000) / 1000 },
       };
     });
     return {
@@ -343,6 +375,7 @@ export class ClusterState extends DurableObject {
       expiredLeases: this.stats.expiredLeases,
       requests: this.stats.requests(),
       decisions: this.stats.decisions(),
+      disagg: this.stats.disagg(),
       prefix: {
         prefillEntries: this.prefixIndex.prefill.size,
         decodeEntries: this.prefixIndex.decode.size,
@@ -383,7 +416,11 @@ export class ClusterState extends DurableObject {
       cluster.nodes.map(async (n) => {
         const ok = await probeNode(this.env as unknown as Record<string, unknown>, n, path, timeoutMs);
         const h = this.health.get(n.id);
-        if (h) onProbe(h, ok, Date.now(), s);
+        if (!h) return;
+        const wasUp = h.probeUp;
+        onProbe(h, ok, Date.now(), s);
+        // back after its probes failed: most likely restarted, with an empty prefix cache (llm-d#2853)
+        if (!wasUp && h.probeUp) this.forgetPrefixes(n.id, "probes_recovered");
       }),
     );
   }
@@ -418,6 +455,8 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.leases.forget(id);
       this.signals.forget(id);
+      this.charsPerToken.forget(id);
+      this.cacheFeedback.forget(id);
     }
     this.schedule.configure(periodsOf(view), Date.now());
     // new nodes or thresholds may admit requests that wait
@@ -435,15 +474,20 @@ export class ClusterState extends DurableObject {
     const h = this.health.view(n.id);
     const load = this.leases.loadOf(n.id);
     return {
-      signals: role === "decode" ? this.signalView(n.id, now) : null,
+      // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
+      signals: this.signalView(n.id, now),
       id: n.id,
       weight: n.weight,
       group: n.group ?? `node:${n.id}`,
       load: load ? load[role] : 0,
+      work: role === "prefill" ? (load?.prefillTokens ?? 0) : (load?.tokens ?? 0),
+      charsPerToken: this.charsPerToken.of(n.id),
+      localPrefill: n.localPrefill === true,
       healthy: isHealthy(h, now),
       drain: n.drain,
       lastFailureAt: h.lastFailureAt,
       recent: this.recent.of(n.id, role),
+      recentRequests: this.recent.requestsOf(n.id, role),
     };
   }
 
@@ -460,6 +504,42 @@ export class ClusterState extends DurableObject {
     if (report.outcome === "ok" || report.outcome === "client_error") onSuccess(h);
     else if (report.outcome === "failure") onFailure(h, now, s);
     else onInconclusive(h);
+  }
+
+  /** Records that `node` holds the prompt's blocks, in the index of every pool it is a candidate of. */
+  private recordPrefix(hashes: string[], node: string, maxBlocks: number, pools: Record<Role, CandidateNode[]>): void {
+    for (const role of ["prefill", "decode"] as const) {
+      if (pools[role].some((n) => n.id === node)) this.prefixIndex[role].record(hashes, node, maxBlocks);
+    }
+  }
+
+  /** Drops what the indexes believe the node holds (its cache is gone). */
+  private forgetPrefixes(node: string, why: "cache_lost" | "probes_recovered"): void {
+    this.prefixIndex.prefill.forget(node);
+    this.prefixIndex.decode.forget(node);
+    console.warn(JSON.stringify({ event: "prefix_cache_forgotten", node, reason: why }));
+  }
+
+  /**
+   * Cache-hit feedback: the engine that prefilled answered `usage`. Its prompt tokens teach the
+   * node's characters per token; its cached tokens are counted against the prediction the lease
+   * kept, and a run of answers that found nothing of well-predicted prefixes drops the node's
+   * index entries (keeping this prompt, which it has just computed).
+   */
+  private learnFromAnswer(leaseId: string, usage: EngineUsage): void {
+    const lease = this.leases.get(leaseId);
+    if (!lease) return;
+    const rate = this.charsPerToken.of(usage.node);
+    if (lease.promptChars) this.charsPerToken.observe(usage.node, lease.promptChars, usage.promptTokens);
+    const prediction = lease.prediction;
+    if (!prediction || prediction.node !== usage.node) return;
+    const outcome = this.cacheFeedback.report(prediction, usage, rate);
+    if (!outcome.cacheLost || !this.cluster) return;
+    this.forgetPrefixes(usage.node, "cache_lost");
+    const serves = (role: Role) => this.cluster!.nodes.some((n) => n.id === usage.node && (n.role === role || n.role === "both"));
+    for (const role of ["prefill", "decode"] as const) {
+      if (serves(role)) this.prefixIndex[role].record(prediction.hashes, usage.node, prediction.hashes.length);
+    }
   }
 
   /** Expired leases are released, so a request whose release was lost cannot leak load. */
@@ -496,7 +576,7 @@ export class ClusterState extends DurableObject {
   private signalView(node: string, now: number): NodeSignals | null {
     if (!this.cluster) return null;
     const v = this.signals.view(node, now, signalsOf(this.cluster).staleMs);
-    return v ? { kvUsage: v.kvUsage, queue: v.queue, ageMs: v.ageMs } : null;
+    return v ? { kvUsage: v.kvUsage, queue: v.queue, ageMs: v.ageMs, kvCapacityTokens: v.reported.kvCapacityTokens } : null;
   }
 
   private signalsStatus(n: ViewNode, now: number): NodeSignalsStatus | null {
@@ -600,4 +680,11 @@ const admissionOf = (c: Cluster): AdmissionSettings => c.admission ?? DEFAULT_AD
 const periodsOf = (c: Cluster): Record<AlarmJob, number> => ({ probe: c.health.intervalMs, poll: signalsOf(c).intervalMs });
 
 const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
-const slimDecision = (d: Decision): Decision => ({ prefill: slimRole(d.prefill), decode: slimRole(d.decode), cursors: d.cursors });
+const slimDecision = (d: Decision): Decision => ({
+  prefill: slimRole(d.prefill),
+  decode: slimRole(d.decode),
+  cursors: d.cursors,
+  mode: d.mode,
+  reason: d.reason,
+  tokens: d.tokens,
+});

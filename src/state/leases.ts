@@ -1,12 +1,26 @@
-import type { Role } from "../routing/types";
+import type { PdMode, Role } from "../routing/types";
 import { BoundedMap } from "./bounded-map";
+import type { CachePrediction } from "./cache-feedback";
 
-/** One routed request's hold on its nodes: load counted on P while its leg runs, on D until it ends. */
+/**
+ * One routed request's hold on its nodes: load counted on P while its leg runs, on D until it
+ * ends. A local prefill (conditional disaggregation) holds D in both parts: its prefill work until
+ * D's first byte, its KV until the end.
+ */
 export interface NodeLease {
-  /** P while its prefill leg runs; cleared when P answered */
+  /** P while its prefill leg runs (D itself for a local prefill); cleared when P answered */
   prefill: string | null;
   decode: string;
+  /** KV tokens D holds: the prompt's tokens on D */
   tokens: number;
+  /** prefill work: the prompt's tokens the prefilling node was predicted not to hold */
+  prefillTokens?: number;
+  /** how it is served (a local prefill's decode failover moves its prefill part too) */
+  mode?: PdMode;
+  /** what the router predicted the prefilling node held, for the engine's answer to be compared with */
+  prediction?: CachePrediction;
+  /** characters of the prompt's canonical text (learning each node's characters per token); 0: unknown */
+  promptChars?: number;
   expiresAt: number;
   /** the route's metric label and the request's id, for a lease that expires unreleased */
   route: string;
@@ -19,13 +33,16 @@ export interface NodeLease {
 export interface NodeLoad {
   prefill: number;
   decode: number;
-  /** estimated prompt tokens of the decode streams open on it */
+  /** estimated prompt tokens of the decode streams open on it (KV tokens held) */
   tokens: number;
+  /** uncached prompt tokens of the prefills running on it (prefill work) */
+  prefillTokens: number;
   requestsPrefill: number;
   requestsDecode: number;
 }
 
-const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, requestsPrefill: 0, requestsDecode: 0 });
+const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
+const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 
 /** released before their route call arrived; remembered this many at most */
 const TOMBSTONES = 10_000;
@@ -61,10 +78,10 @@ export class LeaseTable {
     return `${now.toString(36)}-${(this.#next++).toString(36)}`;
   }
 
-  /** Takes a lease: P (if any) and D each count one more request; D also its tokens. */
+  /** Takes a lease: P (if any) and D each count one more request; P its prefill work, D its KV tokens. */
   take(id: string, lease: NodeLease): void {
     this.#leases.set(id, lease);
-    if (lease.prefill) this.#add(lease.prefill, "prefill", 0);
+    if (lease.prefill) this.#add(lease.prefill, "prefill", prefillWorkOf(lease));
     this.#add(lease.decode, "decode", lease.tokens);
   }
 
@@ -80,7 +97,7 @@ export class LeaseTable {
   endPrefill(id: string, node: string): boolean {
     const lease = this.#leases.get(id);
     if (lease?.prefill !== node) return false;
-    this.#remove(node, "prefill", 0);
+    this.#remove(node, "prefill", prefillWorkOf(lease));
     lease.prefill = null;
     return true;
   }
@@ -90,7 +107,7 @@ export class LeaseTable {
     const lease = this.#leases.get(id);
     if (!lease) return undefined;
     const from = role === "prefill" ? lease.prefill : lease.decode;
-    const tokens = role === "decode" ? lease.tokens : 0;
+    const tokens = role === "decode" ? lease.tokens : prefillWorkOf(lease);
     if (from) this.#remove(from, role, tokens);
     this.#add(next, role, tokens);
     if (role === "prefill") lease.prefill = next;
@@ -103,7 +120,7 @@ export class LeaseTable {
     const lease = this.#leases.get(id);
     if (!lease) return null;
     this.#leases.delete(id);
-    if (lease.prefill) this.#remove(lease.prefill, "prefill", 0);
+    if (lease.prefill) this.#remove(lease.prefill, "prefill", prefillWorkOf(lease));
     this.#remove(lease.decode, "decode", lease.tokens);
     return lease;
   }
@@ -140,7 +157,8 @@ export class LeaseTable {
     const load = this.#load.get(node) ?? newLoad();
     this.#load.set(node, load);
     load[role] += 1;
-    load.tokens += tokens;
+    if (role === "prefill") load.prefillTokens += tokens;
+    else load.tokens += tokens;
     if (role === "prefill") load.requestsPrefill += 1;
     else load.requestsDecode += 1;
   }
@@ -149,6 +167,7 @@ export class LeaseTable {
     const load = this.#load.get(node);
     if (!load) return;
     load[role] = Math.max(0, load[role] - 1);
-    load.tokens = Math.max(0, load.tokens - tokens);
+    if (role === "prefill") load.prefillTokens = Math.max(0, load.prefillTokens - tokens);
+    else load.tokens = Math.max(0, load.tokens - tokens);
   }
 }

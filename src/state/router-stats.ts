@@ -11,6 +11,8 @@ export class RouterStats {
   /** requests per API key label (a short hash of the key, never the key) */
   readonly #keys = new Map<string, number>();
   readonly #decisions = new Map<string, number>();
+  /** per-request decisions of how to serve (SPEC 8: mode and reason) */
+  readonly #disagg = new Map<string, number>();
   readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
   readonly prefix = { lookedUpBlocks: 0, matchedBlocks: 0 };
   expiredLeases = 0;
@@ -28,6 +30,14 @@ export class RouterStats {
 
   countDecision(role: Role, rule: string): void {
     bump(this.#decisions, `${role}\u0000${rule}`);
+  }
+
+  countDisagg(mode: string, reason: string): void {
+    bump(this.#disagg, `${mode}\u0000${reason}`);
+  }
+
+  disagg(): ClusterSnapshot["disagg"] {
+    return split(this.#disagg).map(({ parts, count }) => ({ mode: parts[0]!, reason: parts[1]!, count }));
   }
 
   observeTtfb(ms: number): void {

@@ -2,6 +2,7 @@ import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing
 import type { NodeReach } from "../config/schema";
 import type { UsageDetailsVerdict } from "../observability/usage-details";
 import type { AdmissionSettings } from "./admission-queue";
+import type { EngineUsage } from "./cache-feedback";
 import type { SignalSettings } from "./engine-signals";
 import type { BreakerState, HealthSettings } from "./health";
 import type { HistoryPoint } from "./node-history";
@@ -38,10 +39,12 @@ export interface RouteRequest {
   model: string;
   /** hex SHA-256 of the affinity key material, or null */
   key: string | null;
-  /** chained prefix block hashes (cache_aware only; empty otherwise) */
+  /** chained prefix block hashes (cache_aware or conditional disaggregation; empty otherwise) */
   prefixHashes: string[];
-  /** estimated prompt tokens, carried by the lease */
+  /** estimated prompt tokens (body characters / 4): the lease's when the prompt's size is unknown */
   tokens: number;
+  /** characters of the prompt's canonical text (routing/prefix-blocks.ts); 0 or absent when unknown */
+  promptChars?: number;
   /** POST /v1/route: decide but take no lease, advance no cursor, record nothing */
   dryRun: boolean;
   /**
@@ -93,6 +96,11 @@ export interface FinishReport {
   keyLabel?: string;
   /** whether P's answer carried prompt_tokens_details (observability/usage-details.ts) */
   usageDetails?: { node: string; reported: boolean };
+  /**
+   * the usage of the engine that prefilled (P under vllm / vllm-mooncake, D when it served alone):
+   * compared with the router's prediction (cache-hit feedback; state/cache-feedback.ts)
+   */
+  engineUsage?: EngineUsage;
   prefill?: LegReport;
   decode?: LegReport;
 }
@@ -116,12 +124,18 @@ export interface NodeStatus {
   failureStreak: number;
   failuresTotal: number;
   lastFailureAt: number;
-  inflight: { prefill: number; decode: number; tokens: number };
+  /** tokens: KV tokens of the decode streams open on it; prefillTokens: uncached tokens of its prefills running */
+  inflight: { prefill: number; decode: number; tokens: number; prefillTokens: number };
   requestsTotal: { prefill: number; decode: number };
   /** whether the node's prefill answers carry prompt_tokens_details (observability/usage-details.ts) */
   usageDetails?: UsageDetailsVerdict;
   /** the engine's last /metrics reading (null until a poll answered) and its projection now (null when stale) */
   signals: NodeSignalsStatus | null;
+  /**
+   * cache-hit feedback: cached tokens the router predicted and the engine reported (summed), times
+   * the node was taken to have lost its cache, and its learned characters per token
+   */
+  prefix: { predictedTokens: number; cachedTokens: number; cacheLost: number; charsPerToken: number };
 }
 
 export interface NodeSignalsStatus {
@@ -146,6 +160,8 @@ export interface ClusterSnapshot {
   expiredLeases: number;
   requests: Array<{ route: string; status: number; count: number }>;
   decisions: Array<{ role: Role; rule: string; count: number }>;
+  /** how requests were served (disaggregated / local / colocated) and why */
+  disagg: Array<{ mode: string; reason: string; count: number }>;
   prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
   latency: { ttfb: Histogram; prefill: Histogram };
   /** requests waiting at the edge now, how long the admitted ones waited, and the ones refused by reason */

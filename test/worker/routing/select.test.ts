@@ -182,11 +182,11 @@ describe("cache_aware", () => {
   });
 
   it("keeps the longest match while the node is under its in-flight and share bounds", () => {
-    // in-flight bound: ceil(3 * (6+1) / 3) = 7; share bound: 1.1 * (30+1) / 3 = 11.37
-    const busy = [node("d0", { load: 1, recent: 10 }), node("d1", { load: 4, recent: 11 }), node("d2", { load: 1, recent: 9 })];
+    // in-flight bound: ceil(3 * (6+1) / 3) = 7; share bound: 1.1 * (30+1) / 3 + 1 = 12.37
+    const busy = [node("d0", { load: 1, recent: 10 }), node("d1", { load: 4, recent: 12 }), node("d2", { load: 1, recent: 8 })];
     const d = cache({ d0: 8, d1: 9 }, { decode: busy });
     expect(d.id).toBe("d1");
-    expect(d.candidates[0]).toMatchObject({ id: "d1", matchedBlocks: 9, recent: 11, shareBound: 11.367 });
+    expect(d.candidates[0]).toMatchObject({ id: "d1", matchedBlocks: 9, recent: 12, shareBound: 12.367 });
   });
 
   it("treats the in-flight bound as a hard limit", () => {
@@ -197,8 +197,8 @@ describe("cache_aware", () => {
   });
 
   it("treats the share bound as a hard limit, so requests per node stay even", () => {
-    // d1 took 12 of the last 30 requests: over 1.1 * 31 / 3 = 11.37
-    const skewed = [node("d0", { recent: 9 }), node("d1", { recent: 12 }), node("d2", { recent: 9 })];
+    // d1 took 13 of the last 31 requests: over 1.1 * 32 / 3 + 1 = 12.73 (one request over its share is allowed)
+    const skewed = [node("d0", { recent: 9 }), node("d1", { recent: 13 }), node("d2", { recent: 9 })];
     const d = cache({ d1: 10, d0: 3 }, { decode: skewed });
     expect(d.id).toBe("d0");
     expect(d.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_share");

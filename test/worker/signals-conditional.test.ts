@@ -1,0 +1,91 @@
+import { beforeEach, describe, expect, it } from "vitest";
+import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics } from "./signals-helpers";
+
+// Conditional disaggregation and what the engines say about themselves (SPEC 8): a D that is busy
+// (or that this request would make busy) gets no local prefill; a P whose engine queue is at
+// queueBusy is skipped by prefilling on D (Dynamo's prefill-load bypass), unless D is busy.
+
+const PD = [
+  { id: "p0", role: "prefill" as const },
+  { id: "d0", role: "decode" as const },
+];
+const RUN = Math.random().toString(36).slice(2, 8);
+const policy = { prefill: "affinity", decode: "affinity", disaggregation: "conditional" };
+
+function conversation(name: string) {
+  const messages: Array<{ role: string; content: string }> = [{ role: "system", content: `${name} ${RUN}. `.padEnd(6 * 2048, `${name} rule. `) }];
+  return (i: number) => {
+    if (i > 1) messages.push({ role: "assistant", content: `answer ${i - 1}` });
+    messages.push({ role: "user", content: `${name} question ${i}` });
+    return { model: "sim-model", max_tokens: 2, messages: [...messages] };
+  };
+}
+
+async function explain(body: unknown): Promise<any> {
+  const res = await post("/v1/route", body);
+  expect(res.status).toBe(200);
+  return res.json();
+}
+
+async function send(body: unknown): Promise<string | null> {
+  const res = await post("/v1/chat/completions", body);
+  expect(res.status, await res.clone().text()).toBe(200);
+  await res.arrayBuffer();
+  return res.headers.get("x-pd-mode");
+}
+
+const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
+
+beforeEach(async () => {
+  await resetState();
+  await resetEngines();
+  for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1, { capacityTokens: 100_000 }));
+});
+
+describe("a busy D is not given a local prefill", () => {
+  it("a warm turn whose tokens would take D's KV to kvBusy goes P then D (decode_busy)", async () => {
+    await putNodes(PD, { policy });
+    await poll();
+    const turn = conversation("decode-busy");
+    expect(await send(turn(1))).toBe("disaggregated");
+    const warm = turn(2);
+    expect(await explain(warm)).toMatchObject({ mode: "local", reason: "cached" });
+
+    // 0.89 used of 1,000 tokens: the turn's uncached tokens (a few dozen) reach 0.9
+    await setMetrics("d0", kv(0.89, { capacityTokens: 1000 }));
+    await poll();
+    const route = await explain(warm);
+    expect(route).toMatchObject({ mode: "disaggregated", reason: "decode_busy", decode: { id: "d0" } });
+    expect(route.candidates.decode[0]).toMatchObject({ id: "d0", kvUsage: expect.closeTo(0.89, 2), busy: false });
+    const before = (await completionsTo("p0")).length;
+    expect(await send(warm)).toBe("disaggregated");
+    expect((await completionsTo("p0")).length).toBe(before + 1);
+    expect((await completionsTo("d0")).at(-1)?.kv_transfer_params).toMatchObject({ do_remote_prefill: true });
+  });
+});
+
+describe("a busy P: D prefills the request itself (prefill_busy)", () => {
+  it("a cold prompt whose P has a queue at queueBusy goes to D alone; P is shown busy and gets nothing", async () => {
+    await setMetrics("p0", kv(0.2, { waiting: 9, capacityTokens: 100_000 }));
+    await putNodes(PD, { policy });
+    await poll();
+    const cold = conversation("prefill-busy")(1);
+    const route = await explain(cold);
+    expect(route).toMatchObject({ mode: "local", reason: "prefill_busy", prefill: { id: "d0", rule: "local_prefill" } });
+    expect(route.candidates.prefill.find((c: any) => c.id === "p0")).toMatchObject({ queue: 9, busy: true });
+    expect(await send(cold)).toBe("local");
+    expect(await completionsTo("p0")).toEqual([]);
+    expect((await completionsTo("d0")).at(-1)).not.toHaveProperty("kv_transfer_params");
+  });
+
+  it("…unless D is busy too: then P takes it after all (decode_busy)", async () => {
+    await setMetrics("p0", kv(0.2, { waiting: 9, capacityTokens: 100_000 }));
+    await setMetrics("d0", kv(0.89, { capacityTokens: 1000 }));
+    await putNodes(PD, { policy });
+    await poll();
+    const cold = conversation("both-busy")(1);
+    expect(await explain(cold)).toMatchObject({ mode: "disaggregated", reason: "decode_busy" });
+    expect(await send(cold)).toBe("disaggregated");
+    expect((await completionsTo("p0")).length).toBe(1);
+  });
+});
