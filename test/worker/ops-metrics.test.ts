@@ -169,15 +169,20 @@ describe("GET /metrics", () => {
         { id: "slow", role: "decode" },
       ],
     });
-    // the lease's estimate: the body's characters / 4, rounded up
+    // the lease's estimate: the prompt's tokens as the router predicts them (its characters over
+    // the node's characters per token, 4 until learned), the figure /v1/route shows for the body
     const body = JSON.stringify(chat(`a prompt of some length ${"words ".repeat(100)}`, { stream: true, max_tokens: 300 }));
+    const dry = await call("/v1/route", { method: "POST", headers: { ...bearer(KEY), "content-type": "application/json" }, body });
+    const predicted = ((await dry.json()) as { promptTokens: number }).promptTokens;
+    expect(predicted).toBeGreaterThan(100);
+    expect(predicted).toBeLessThanOrEqual(Math.ceil(body.length / 4));
     const controller = new AbortController();
     const res = await call("/v1/chat/completions", { method: "POST", headers: { ...bearer(KEY), "content-type": "application/json" }, body, signal: controller.signal });
     expect(res.status).toBe(200);
     const reader = res.body!.getReader();
     await reader.read();
     const open = await metricsText();
-    expect(seriesValue(open, 'pd_router_node_inflight_tokens{node="slow"}')).toBe(Math.ceil(body.length / 4));
+    expect(seriesValue(open, 'pd_router_node_inflight_tokens{node="slow"}')).toBe(predicted);
     expect(seriesValue(open, 'pd_router_node_inflight_tokens{node="p0"}')).toBe(0);
     controller.abort();
     await reader.cancel().catch(() => undefined);
