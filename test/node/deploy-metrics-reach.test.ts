@@ -78,9 +78,14 @@ describe("1. the /metrics poll goes through the node's VPC binding, with the nod
       (ok) => ok,
       10_000,
     );
-    // they arrived: the fronts answered them (only the binding knows the way to them)
-    expect(fronts.p0!.stats().metricsRequests).toBeGreaterThan(0);
-    expect(fronts.d0!.stats().metricsRequests).toBeGreaterThan(0);
+    // they arrived: the fronts answered them (only the binding knows the way to them); the binding
+    // records a passage as it forwards it, so the front may count it a moment later
+    await until(
+      "the fronts answered the polls",
+      async () => fronts.p0!.stats().metricsRequests > 0 && fronts.d0!.stats().metricsRequests > 0,
+      (ok) => ok,
+      10_000,
+    );
     // d0's poll carries its bearer and its Access service token; p0's carries neither
     for (const p of polls(D0)) {
       expect(p.headers.authorization).toBe("Bearer d0-token");
