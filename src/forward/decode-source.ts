@@ -1,9 +1,8 @@
 import { sseErrorEvent } from "../errors";
 import type { LegReport } from "../state/types";
 import { concat } from "./client-stream";
-import { ErrorEventGate, type EngineError, type GateRead } from "./error-event-gate";
-import { CompletenessJudge, type Completeness } from "./sse-scan";
-import type { ChunkRewriter } from "./stream";
+import type { EngineError } from "./engine-error";
+import { MAX_DATA_LINE_BYTES, SseReader, type Completeness, type DataRewrite, type SseRead } from "./sse-reader";
 import { redact, statusOutcome, type Leg, type UpstreamFailure } from "./upstream";
 
 /**
@@ -22,7 +21,7 @@ export type StreamEnd =
 /** One read of a source: D's next bytes (rewritten where they must be), or how the stream ended. */
 export type SourceRead =
   | { done: false; bytes: Uint8Array }
-  /** `bytes`: what D sent last (a rewriter's held line); `error`: the SSE error event to end the client's stream with, or none */
+  /** `bytes`: what D sent last (a held line); `error`: the SSE error event to end the client's stream with, or none */
   | { done: true; end: StreamEnd; bytes: Uint8Array; error: Uint8Array };
 
 export interface DecodeSourceOptions {
@@ -30,7 +29,10 @@ export interface DecodeSourceOptions {
   reader: ReadableStreamDefaultReader<Uint8Array>;
   /** D's first body bytes, already read (the status line waited for them) */
   first: Uint8Array;
-  rewriter: ChunkRewriter | null;
+  /** D's data lines as the client must see them (its usage from P's counts), or null */
+  rewrite: DataRewrite | null;
+  /** sees every byte that goes on to the client (a Responses stream's id) */
+  watch?: (bytes: Uint8Array) => void;
   /** longest silence from D between body bytes while the client waits */
   idleMs: number;
   /** what a complete stream ends with; a stream that ends cleanly without it was cut */
@@ -55,11 +57,8 @@ const encoder = new TextEncoder();
  */
 export class DecodeSource {
   private first: Uint8Array | null;
-  private readonly judge: CompletenessJudge;
-  /** finds an error event D writes inside its stream, and keeps it (and what follows) from the client */
-  private readonly gate = new ErrorEventGate();
-  /** the error D reported inside its stream, once its event was read */
-  private engineError: EngineError | null = null;
+  /** reads D's events: its error event (kept from the client), completeness, the lines to rewrite */
+  private sse: SseReader;
   /** when D last gave a chunk (or the relay began) */
   private lastChunkAt = Date.now();
   /** a read from D is pending */
@@ -71,18 +70,35 @@ export class DecodeSource {
 
   constructor(private readonly o: DecodeSourceOptions) {
     this.first = o.first;
-    this.judge = new CompletenessJudge(o.completeness);
+    this.sse = new SseReader(o.completeness, o.rewrite);
   }
 
   get node(): string {
     return this.o.leg.node;
   }
 
+  /** D's data lines are rewritten further, after the source's own rewrite (a batch renumbers them). Before the first read. */
+  rewriteAlso(next: DataRewrite): void {
+    const own = this.o.rewrite;
+    this.sse = new SseReader(
+      this.o.completeness,
+      own
+        ? {
+            line: (v) => {
+              const line = own.line(v);
+              return line === null ? null : next.line(line);
+            },
+            required: next.required,
+          }
+        : next,
+    );
+  }
+
   async next(): Promise<SourceRead> {
     if (this.first) {
       const first = this.first;
       this.first = null;
-      return this.passed(this.pass(this.gate.feed(first)));
+      return this.passed(this.sse.feed(first), false);
     }
     if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
     let chunk: ReadableStreamReadResult<Uint8Array>;
@@ -96,18 +112,7 @@ export class DecodeSource {
     }
     this.lastChunkAt = Date.now();
     if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    if (!chunk.done) return this.passed(this.pass(this.gate.feed(chunk.value)));
-    const last = this.pass(this.gate.end());
-    const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
-    if (this.engineError) return this.engineFailed(this.engineError, concat(last, held));
-    if (this.judge.end()) return { done: true, end: { outcome: "ok" }, bytes: concat(last, held), error: EMPTY };
-    const markers = this.o.completeness.kind === "done" ? "data: [DONE]" : this.o.completeness.types.join(" or ");
-    return {
-      done: true,
-      end: { outcome: "failure", blame: "decode", timeout: false, error: `decode node ${this.node} ended its stream without ${markers}` },
-      bytes: concat(last, held),
-      error: encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")),
-    };
+    return chunk.done ? this.passed(this.sse.end(), true) : this.passed(this.sse.feed(chunk.value), false);
   }
 
   /** The watchdog's tick: D silent for idleMs while a read waits fails the read as idle. */
@@ -139,19 +144,40 @@ export class DecodeSource {
     return this.ended;
   }
 
-  /** What the gate let through goes on (judged, rewritten); an error event it found is kept for `passed`. */
-  private pass(read: GateRead): Uint8Array {
-    if (read.error) this.engineError = read.error;
-    if (!read.pass.byteLength) return EMPTY;
-    this.judge.feed(read.pass);
-    return this.o.rewriter ? this.o.rewriter.chunk(read.pass) : read.pass;
+  /** What the reader let through, or how the stream ended: an error event in it, a line too long to rewrite, or (`ended`) complete or cut. */
+  private passed(read: SseRead, ended: boolean): SourceRead {
+    const bytes = read.pass;
+    this.o.watch?.(bytes);
+    if (read.error) return this.engineFailed(read.error, bytes);
+    if (this.sse.tooLong) {
+      this.stopLeg("line too long");
+      return {
+        done: true,
+        end: {
+          outcome: "failure",
+          blame: "none",
+          timeout: false,
+          error: `decode node ${this.node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, which must be rewritten to be relayed`,
+        },
+        bytes,
+        error: encoder.encode(sseErrorEvent("an event too large to merge into a batched stream", "batch_event_too_large")),
+      };
+    }
+    if (!ended) return { done: false, bytes };
+    if (this.sse.complete) return { done: true, end: { outcome: "ok" }, bytes, error: EMPTY };
+    const markers = this.o.completeness.kind === "done" ? "data: [DONE]" : this.o.completeness.types.join(" or ");
+    return {
+      done: true,
+      end: { outcome: "failure", blame: "decode", timeout: false, error: `decode node ${this.node} ended its stream without ${markers}` },
+      bytes,
+      error: encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")),
+    };
   }
 
-  /** The bytes of one read from D, or the stream's end when D reported an error in it. */
-  private passed(bytes: Uint8Array): SourceRead {
-    if (!this.engineError) return { done: false, bytes };
-    const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
-    return this.engineFailed(this.engineError, concat(bytes, held));
+  /** The rest of D's answer is not wanted. */
+  private stopLeg(why: string): void {
+    this.o.leg.abort(why);
+    this.o.reader.cancel().catch(() => undefined);
   }
 
   /**
@@ -163,8 +189,7 @@ export class DecodeSource {
    */
   private engineFailed(err: EngineError, bytes: Uint8Array): SourceRead {
     // the rest of D's answer (its [DONE]) is not wanted
-    this.o.leg.abort("error event");
-    this.o.reader.cancel().catch(() => undefined);
+    this.stopLeg("error event");
     const said = `decode node ${this.node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, this.o.leg.call.node.access.token)}`;
     const failed = (end: StreamEnd & { outcome: "failure" }, event: string): SourceRead => ({ done: true, end, bytes, error: encoder.encode(event) });
     const partner = this.o.partnerFailure?.();
@@ -240,7 +265,7 @@ export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
  * out anyway. Returns the bytes read, which the DecodeSource relays first.
  */
 export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): Promise<Uint8Array> {
-  const gate = new ErrorEventGate();
+  const sse = new SseReader({ kind: "done" });
   const parts: Uint8Array[] = [];
   let bytes = 0;
   for (;;) {
@@ -252,7 +277,7 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     }
     if (read.done) {
       if (!bytes) throw leg.protocolFailure("ended its stream without a byte");
-      const last = gate.end();
+      const last = sse.end();
       if (last.error) throw leg.errorEventFailure(last.error);
       break;
     }
@@ -261,9 +286,9 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     leg.deadline(idleMs, `sent nothing for ${idleMs} ms inside its first event`);
     parts.push(read.value);
     bytes += read.value.byteLength;
-    const g = gate.feed(read.value);
+    const g = sse.feed(read.value);
     if (g.error) throw leg.errorEventFailure(g.error);
-    if (gate.firstSettled || bytes >= FIRST_EVENT_MAX_BYTES) break;
+    if (sse.firstSettled || bytes >= FIRST_EVENT_MAX_BYTES) break;
   }
   leg.clearDeadline();
   return parts.length === 1 ? parts[0]! : parts.reduce(concat);

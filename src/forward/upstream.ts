@@ -1,7 +1,7 @@
 import type { Role } from "../routing/types";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
-import type { EngineError } from "./error-event-gate";
+import type { EngineError } from "./engine-error";
 import type { NodeAccess } from "./node-fetch";
 
 /** A node as the forwarding code needs it. */
@@ -236,7 +236,7 @@ export class Leg {
   }
 
   /**
-   * The node answered 200 and then an error event as its stream's first event (error-event-gate.ts):
+   * The node answered 200 and then an error event as its stream's first event (sse-reader.ts):
    * nothing reached the client, so it is handled as the status the engine gave the error — a
    * refusal passed on, a busy node, or a node failure to fail over from. No status: SGLang's
    * /generate, which writes none only for a ValueError (the request's validation): a 400.
