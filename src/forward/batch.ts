@@ -1,5 +1,6 @@
-import { concat, type ClientFeed } from "./client-stream";
+import type { ClientFeed } from "./client-stream";
 import type { DecodeSource, SourceRead, StreamEnd } from "./decode-source";
+import { joinBytes } from "./sse-reader";
 
 // Merging the answers of a batched /v1/completions that was split into one P/D request per
 // prompt: choice indexes as one engine would have numbered them (prompt i, sample j -> i*n + j,
@@ -32,26 +33,16 @@ export interface CompletionObject {
   [key: string]: unknown;
 }
 
-type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number; cached_tokens: number };
-
 const num = (v: unknown) => (typeof v === "number" ? v : 0);
 
-function addUsage(sum: Usage, usage: Record<string, unknown> | null | undefined): void {
+const emptyUsage = () => ({ prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, prompt_tokens_details: { cached_tokens: 0 } });
+
+/** Adds a prompt's usage to the batch's. */
+function addUsage(sum: ReturnType<typeof emptyUsage>, usage: Record<string, unknown> | null | undefined): void {
   if (!usage) return;
-  sum.prompt_tokens += num(usage.prompt_tokens);
-  sum.completion_tokens += num(usage.completion_tokens);
-  sum.total_tokens += num(usage.total_tokens);
-  sum.cached_tokens += num((usage.prompt_tokens_details as { cached_tokens?: unknown } | null | undefined)?.cached_tokens);
+  for (const k of ["prompt_tokens", "completion_tokens", "total_tokens"] as const) sum[k] += num(usage[k]);
+  sum.prompt_tokens_details.cached_tokens += num((usage.prompt_tokens_details as { cached_tokens?: unknown } | null | undefined)?.cached_tokens);
 }
-
-const usageObject = (u: Usage) => ({
-  prompt_tokens: u.prompt_tokens,
-  completion_tokens: u.completion_tokens,
-  total_tokens: u.total_tokens,
-  prompt_tokens_details: { cached_tokens: u.cached_tokens },
-});
-
-const emptyUsage = (): Usage => ({ prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, cached_tokens: 0 });
 
 function reindex(choices: CompletionObject["choices"], prompt: number, n: number): void {
   for (const choice of choices ?? []) choice.index = prompt * n + num(choice.index);
@@ -67,7 +58,7 @@ export function mergeCompletions(answers: CompletionObject[], n: number): string
     addUsage(usage, a.usage);
   });
   choices.sort((a, b) => num(a.index) - num(b.index));
-  return JSON.stringify({ ...answers[0], choices, usage: usageObject(usage) });
+  return JSON.stringify({ ...answers[0], choices, usage });
 }
 
 const encoder = new TextEncoder();
@@ -140,8 +131,8 @@ export function batchFeed(sources: DecodeSource[], n: number, withUsage: boolean
         source.end(read.end);
         if (read.end.outcome === "ok") {
           if (--open === 0) {
-            const frame = withUsage && usageFrame ? `data: ${JSON.stringify({ ...(usageFrame as CompletionObject), choices: [], usage: usageObject(usage) })}\n\n` : "";
-            return { bytes: concat(read.bytes, encoder.encode(`${frame}data: [DONE]\n\n`)), last: true };
+            const frame = withUsage && usageFrame ? `data: ${JSON.stringify({ ...(usageFrame as CompletionObject), choices: [], usage })}\n\n` : "";
+            return { bytes: joinBytes([read.bytes, encoder.encode(`${frame}data: [DONE]\n\n`)]), last: true };
           }
           if (read.bytes.byteLength) return { bytes: read.bytes, last: false };
           continue;
@@ -151,7 +142,7 @@ export function batchFeed(sources: DecodeSource[], n: number, withUsage: boolean
           prompt,
           read.end.outcome === "failure" ? { outcome: "failure", blame: "none", timeout: false, error: `another prompt of the batch failed (prompt ${prompt})` } : read.end,
         );
-        return { bytes: concat(read.bytes, read.error), last: true };
+        return { bytes: joinBytes([read.bytes, read.error]), last: true };
       }
     },
     stop(end) {

@@ -1,8 +1,7 @@
-import { sseErrorEvent } from "../errors";
+import { sseErrorEvent, type ErrorType } from "../errors";
 import type { LegReport } from "../state/types";
-import { concat } from "./client-stream";
 import type { EngineError } from "./engine-error";
-import { MAX_DATA_LINE_BYTES, SseReader, type Completeness, type DataRewrite, type SseRead } from "./sse-reader";
+import { joinBytes, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type SseReader, type DataRewrite, type SseRead } from "./sse-reader";
 import { redact, statusOutcome, type Leg, type UpstreamFailure } from "./upstream";
 
 /**
@@ -46,6 +45,35 @@ export interface DecodeSourceOptions {
 const EMPTY = new Uint8Array(0);
 const encoder = new TextEncoder();
 
+type Failure = StreamEnd & { outcome: "failure" };
+
+/** The stream's end as a failure: how the log line tells it, and the error event that ends the client's stream. */
+const failed = (bytes: Uint8Array, end: Omit<Failure, "outcome" | "timeout"> & { timeout?: boolean }, message: string, code: string, type?: ErrorType): SourceRead => ({
+  done: true,
+  end: { outcome: "failure", timeout: false, ...end },
+  bytes,
+  error: encoder.encode(sseErrorEvent(message, code, type)),
+});
+
+/** The stream's end when nothing more goes to the client. */
+const endedWith = (end: StreamEnd): SourceRead => ({ done: true, end, bytes: EMPTY, error: EMPTY });
+
+/** D's stream as a source of client bytes. */
+export interface DecodeSource {
+  /** D's node id */
+  readonly node: string;
+  /** D's data lines are rewritten further, after the source's own rewrite (a batch renumbers them). Before the first read. */
+  rewriteAlso(next: DataRewrite): void;
+  /** D's next bytes, or how its stream ended. */
+  next(): Promise<SourceRead>;
+  /** The watchdog's tick: D silent for idleMs while a read waits fails the read as idle. */
+  checkIdle(now: number): void;
+  /** The consumer stops: D's leg is closed and the stream ends with `end` (unless it ended already). */
+  cancel(end: StreamEnd): void;
+  /** Reports how the stream ended, once; D's leg is done. */
+  end(end: StreamEnd): void;
+}
+
 /**
  * D's SSE body, pulled one chunk at a time by whoever writes to the client (one stream's relay,
  * or a batch's merge): nothing is read from D before the client wants more, so a client that
@@ -55,130 +83,39 @@ const encoder = new TextEncoder();
  * failure; `cancel` closes D's leg when the consumer stops (the client left, stalled, or a
  * batch failed). `end` reports exactly once.
  */
-export class DecodeSource {
-  private first: Uint8Array | null;
+export function decodeSource(o: DecodeSourceOptions): DecodeSource {
+  const { leg, reader, completeness: rule } = o;
+  const node = leg.node;
+  let first: Uint8Array | null = o.first;
   /** reads D's events: its error event (kept from the client), completeness, the lines to rewrite */
-  private sse: SseReader;
+  let sse: SseReader = sseReader(rule, o.rewrite);
   /** when D last gave a chunk (or the relay began) */
-  private lastChunkAt = Date.now();
+  let lastChunkAt = Date.now();
   /** a read from D is pending */
-  private reading = false;
-  private idle = false;
+  let reading = false;
+  let idle = false;
   /** the consumer cancelled: every later read answers this */
-  private cancelled: StreamEnd | null = null;
-  private ended = false;
-
-  constructor(private readonly o: DecodeSourceOptions) {
-    this.first = o.first;
-    this.sse = new SseReader(o.completeness, o.rewrite);
-  }
-
-  get node(): string {
-    return this.o.leg.node;
-  }
-
-  /** D's data lines are rewritten further, after the source's own rewrite (a batch renumbers them). Before the first read. */
-  rewriteAlso(next: DataRewrite): void {
-    const own = this.o.rewrite;
-    this.sse = new SseReader(
-      this.o.completeness,
-      own
-        ? {
-            line: (v) => {
-              const line = own.line(v);
-              return line === null ? null : next.line(line);
-            },
-            required: next.required,
-          }
-        : next,
-    );
-  }
-
-  async next(): Promise<SourceRead> {
-    if (this.first) {
-      const first = this.first;
-      this.first = null;
-      return this.passed(this.sse.feed(first), false);
-    }
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    let chunk: ReadableStreamReadResult<Uint8Array>;
-    this.reading = true;
-    try {
-      chunk = await this.o.reader.read();
-    } catch (err) {
-      return this.readFailed(err);
-    } finally {
-      this.reading = false;
-    }
-    this.lastChunkAt = Date.now();
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    return chunk.done ? this.passed(this.sse.end(), true) : this.passed(this.sse.feed(chunk.value), false);
-  }
-
-  /** The watchdog's tick: D silent for idleMs while a read waits fails the read as idle. */
-  checkIdle(now: number): void {
-    if (this.reading && !this.idle && !this.ended && now - this.lastChunkAt > this.o.idleMs) {
-      this.idle = true;
-      this.o.leg.abort("decode idle timeout");
-    }
-  }
-
-  /** The consumer stops: D's leg is closed and the stream ends with `end` (unless it ended already). */
-  cancel(end: StreamEnd): void {
-    if (this.ended) return;
-    this.cancelled = end;
-    this.o.leg.abort(end.outcome === "failure" ? "batch failed" : "client went away");
-    this.o.reader.cancel().catch(() => undefined);
-    this.end(end);
-  }
-
-  /** Reports how the stream ended, once; D's leg is done. */
-  end(end: StreamEnd): void {
-    if (this.ended) return;
-    this.ended = true;
-    this.o.leg.close();
-    this.o.onEnd(end);
-  }
-
-  get isEnded(): boolean {
-    return this.ended;
-  }
-
-  /** What the reader let through, or how the stream ended: an error event in it, a line too long to rewrite, or (`ended`) complete or cut. */
-  private passed(read: SseRead, ended: boolean): SourceRead {
-    const bytes = read.pass;
-    this.o.watch?.(bytes);
-    if (read.error) return this.engineFailed(read.error, bytes);
-    if (this.sse.tooLong) {
-      this.stopLeg("line too long");
-      return {
-        done: true,
-        end: {
-          outcome: "failure",
-          blame: "none",
-          timeout: false,
-          error: `decode node ${this.node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, which must be rewritten to be relayed`,
-        },
-        bytes,
-        error: encoder.encode(sseErrorEvent("an event too large to merge into a batched stream", "batch_event_too_large")),
-      };
-    }
-    if (!ended) return { done: false, bytes };
-    if (this.sse.complete) return { done: true, end: { outcome: "ok" }, bytes, error: EMPTY };
-    const markers = this.o.completeness.kind === "done" ? "data: [DONE]" : this.o.completeness.types.join(" or ");
-    return {
-      done: true,
-      end: { outcome: "failure", blame: "decode", timeout: false, error: `decode node ${this.node} ended its stream without ${markers}` },
-      bytes,
-      error: encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")),
-    };
-  }
+  let cancelled: StreamEnd | null = null;
+  let ended = false;
 
   /** The rest of D's answer is not wanted. */
-  private stopLeg(why: string): void {
-    this.o.leg.abort(why);
-    this.o.reader.cancel().catch(() => undefined);
-  }
+  const stopLeg = (why: string) => {
+    leg.abort(why);
+    reader.cancel().catch(() => undefined);
+  };
+
+  /** sglang, vllm-mooncake: P failed after D's first byte (and D's leg was aborted for it, or D reported the transfer failed): P's failure. */
+  const partnerFailed = (bytes: Uint8Array, said?: string): SourceRead | null => {
+    const partner = o.partnerFailure?.();
+    if (!partner) return null;
+    const error = said ? `${partner.message}; ${said}` : partner.message;
+    return failed(
+      bytes,
+      { blame: "prefill", timeout: partner.kind === "timeout", error, prefill: partner.report() },
+      "the prefill node failed while the answer streamed",
+      "upstream_prefill_failed",
+    );
+  };
 
   /**
    * D reported an error inside its stream after the answer began (an error as the first event
@@ -187,70 +124,109 @@ export class DecodeSource {
    * it was follows the status D gave it, as for a status line (upstream.ts `statusOutcome`), or
    * P's when P failed meanwhile (sglang, vllm-mooncake).
    */
-  private engineFailed(err: EngineError, bytes: Uint8Array): SourceRead {
+  const engineFailed = (err: EngineError, bytes: Uint8Array): SourceRead => {
     // the rest of D's answer (its [DONE]) is not wanted
-    this.stopLeg("error event");
-    const said = `decode node ${this.node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, this.o.leg.call.node.access.token)}`;
-    const failed = (end: StreamEnd & { outcome: "failure" }, event: string): SourceRead => ({ done: true, end, bytes, error: encoder.encode(event) });
-    const partner = this.o.partnerFailure?.();
-    if (partner) {
-      return failed(
-        { outcome: "failure", blame: "prefill", timeout: partner.kind === "timeout", error: `${partner.message}; ${said}`, prefill: partner.report() },
-        sseErrorEvent("the prefill node failed while the answer streamed", "upstream_prefill_failed"),
-      );
-    }
+    stopLeg("error event");
+    const reason = redact(err.message, leg.call.node.access.token);
+    const error = `decode node ${node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${reason}`;
     // no status: SGLang's native /generate, which writes one only for a ValueError (the request's validation)
     const status = err.status ?? 400;
-    switch (statusOutcome(status, "engine")) {
-      case "client_error":
-        return failed(
-          { outcome: "failure", blame: "client", timeout: false, error: said, status },
-          sseErrorEvent(redact(err.message, this.o.leg.call.node.access.token), "upstream_rejected", "invalid_request_error"),
-        );
-      case "busy":
-        return failed(
-          { outcome: "failure", blame: "busy", timeout: false, error: said, status: 503 },
-          sseErrorEvent("the decode node is busy and stopped this answer", "upstream_busy"),
-        );
-      case "failure":
-        return failed(
-          { outcome: "failure", blame: "decode", timeout: false, error: said },
-          sseErrorEvent("the decode node reported an error while streaming", "upstream_stream_error"),
-        );
-    }
-  }
+    const outcome = statusOutcome(status, "engine");
+    return (
+      partnerFailed(bytes, error) ??
+      (outcome === "client_error"
+        ? failed(bytes, { blame: "client", error, status }, reason, "upstream_rejected", "invalid_request_error")
+        : outcome === "busy"
+          ? failed(bytes, { blame: "busy", error, status: 503 }, "the decode node is busy and stopped this answer", "upstream_busy")
+          : failed(bytes, { blame: "decode", error }, "the decode node reported an error while streaming", "upstream_stream_error"))
+    );
+  };
 
-  private readFailed(err: unknown): SourceRead {
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    const failed = (end: StreamEnd & { outcome: "failure" }, message: string, code: string): SourceRead => ({
-      done: true,
-      end,
-      bytes: EMPTY,
-      error: encoder.encode(sseErrorEvent(message, code)),
-    });
-    // P failed after D's first byte and D's leg was aborted for it: not the client leaving
-    const partner = this.o.partnerFailure?.();
-    if (partner) {
-      return failed(
-        { outcome: "failure", blame: "prefill", timeout: partner.kind === "timeout", error: partner.message, prefill: partner.report() },
-        "the prefill node failed while the answer streamed",
-        "upstream_prefill_failed",
-      );
+  /** What the reader let through, or how the stream ended: an error event in it, a line too long to rewrite, or (`done`) complete or cut. */
+  const passed = (read: SseRead, done: boolean): SourceRead => {
+    const bytes = read.pass;
+    o.watch?.(bytes);
+    if (read.error) return engineFailed(read.error, bytes);
+    if (sse.tooLong) {
+      stopLeg("line too long");
+      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, which must be rewritten to be relayed`;
+      return failed(bytes, { blame: "none", error }, "an event too large to merge into a batched stream", "batch_event_too_large");
     }
-    if (this.o.leg.requestEnded && !this.idle) return { done: true, end: { outcome: "aborted", error: "client disconnected" }, bytes: EMPTY, error: EMPTY };
-    if (this.idle) {
+    if (!done) return { done, bytes };
+    if (sse.complete) return { done, end: { outcome: "ok" }, bytes, error: EMPTY };
+    const error = `decode node ${node} ended its stream without ${rule.kind === "done" ? "data: [DONE]" : rule.types.join(" or ")}`;
+    return failed(bytes, { blame: "decode", error }, "the decode node ended its stream before it was complete", "upstream_stream_incomplete");
+  };
+
+  const readFailed = (err: unknown): SourceRead => {
+    if (cancelled) return endedWith(cancelled);
+    // P failed after D's first byte and D's leg was aborted for it: not the client leaving
+    const partner = partnerFailed(EMPTY);
+    if (partner) return partner;
+    if (idle)
       return failed(
-        { outcome: "failure", blame: "decode", timeout: true, error: `decode node ${this.node} sent nothing for ${this.o.idleMs} ms` },
+        EMPTY,
+        { blame: "decode", timeout: true, error: `decode node ${node} sent nothing for ${o.idleMs} ms` },
         "the decode node stopped sending",
         "upstream_idle_timeout",
       );
-    }
+    if (leg.requestEnded) return endedWith({ outcome: "aborted", error: "client disconnected" });
     return failed(
-      { outcome: "failure", blame: "decode", timeout: false, error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` },
+      EMPTY,
+      { blame: "decode", error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` },
       "the decode node failed while streaming",
       "upstream_stream_error",
     );
-  }
+  };
+
+  const source: DecodeSource = {
+    node,
+    rewriteAlso(next) {
+      const own = o.rewrite;
+      const line = (v: string) => {
+        const mine = own ? own.line(v) : v;
+        return mine === null ? null : next.line(mine);
+      };
+      sse = sseReader(rule, { line, required: next.required });
+    },
+    async next() {
+      const bytes = first;
+      first = null;
+      if (bytes) return passed(sse.feed(bytes), false);
+      if (cancelled) return endedWith(cancelled);
+      let chunk: ReadableStreamReadResult<Uint8Array>;
+      reading = true;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        return readFailed(err);
+      } finally {
+        reading = false;
+      }
+      lastChunkAt = Date.now();
+      if (cancelled) return endedWith(cancelled);
+      return chunk.done ? passed(sse.end(), true) : passed(sse.feed(chunk.value), false);
+    },
+    checkIdle(now) {
+      if (reading && !idle && !ended && now - lastChunkAt > o.idleMs) {
+        idle = true;
+        leg.abort("decode idle timeout");
+      }
+    },
+    cancel(end) {
+      if (ended) return;
+      cancelled = end;
+      stopLeg(end.outcome === "failure" ? "batch failed" : "client went away");
+      source.end(end);
+    },
+    end(end) {
+      if (ended) return;
+      ended = true;
+      leg.close();
+      o.onEnd(end);
+    },
+  };
+  return source;
 }
 
 /** Bytes of D's stream read at most before the status line goes out, when its first event is still undecided. */
@@ -265,7 +241,7 @@ export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
  * out anyway. Returns the bytes read, which the DecodeSource relays first.
  */
 export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): Promise<Uint8Array> {
-  const sse = new SseReader({ kind: "done" });
+  const sse = sseReader({ kind: "done" });
   const parts: Uint8Array[] = [];
   let bytes = 0;
   for (;;) {
@@ -288,8 +264,8 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     bytes += read.value.byteLength;
     const g = sse.feed(read.value);
     if (g.error) throw leg.errorEventFailure(g.error);
-    if (sse.firstSettled || bytes >= FIRST_EVENT_MAX_BYTES) break;
+    if (sse.settled || bytes >= FIRST_EVENT_MAX_BYTES) break;
   }
   leg.clearDeadline();
-  return parts.length === 1 ? parts[0]! : parts.reduce(concat);
+  return joinBytes(parts);
 }

@@ -41,6 +41,7 @@ export const MAX_DATA_LINE_BYTES = 1 << 20;
 const LF = 0x0a;
 const CR = 0x0d;
 const COLON = 0x3a;
+const QUOTE = 0x22;
 /** bytes of a data value kept: enough to tell `[DONE]`; an `event:` value longer than this is no type we look for */
 const SHORT = 128;
 /** bytes of an event's first data line read to tell whether it opens an error object */
@@ -51,314 +52,307 @@ const ERROR_TAIL_MAX = 64;
 /** bytes of an error event's data read at most: the error is reported then, if its line has not ended */
 const ERROR_DATA_MAX = 1 << 16;
 const EMPTY = new Uint8Array(0);
+const NEWLINE = new Uint8Array([LF]);
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const text = (bytes: number[]) => decoder.decode(new Uint8Array(bytes));
 
 type Field = "data" | "event" | "other";
 
-/**
- * Incremental: `feed` each chunk as it comes and send on what it passes; `end` once the stream
- * ended cleanly. Then `complete` says whether it was. Any chunking of the same bytes gives the
- * same output and the same verdicts.
- */
-export class SseReader {
-  // the line being read
-  private afterCR = false;
-  private lineBytes = 0;
-  private field: Field | null = null;
-  private name = "";
-  private skipSpace = false;
-  private value: number[] = [];
-  /** bytes of the line before its value (`data:` and the space after it) */
-  private valueAt = 0;
-  /** the line's bytes, held whole for the rewrite (null: not held) */
-  private line: Uint8Array[] | null = null;
-  private lineHeld = 0;
-  /** the line just ended was dropped: so is its line break */
-  private dropBreak = false;
-  // the event being read
-  private inEvent = false;
-  private eventType: string | null = null;
-  private dataLines = 0;
-  private dataBytes = 0;
-  /** the data's first bytes (an error event's, up to ERROR_HEAD_MAX), and an error's last */
-  private head: number[] = [];
-  private tail: number[] = [];
-  private json: JsonTypeScan | null = null;
-  /** lines of it passed, or were dropped */
-  private kept = false;
-  private dropped = false;
-  /** undecided whether it is an error: its bytes are held */
-  private pending = false;
-  private held: Uint8Array[] = [];
-  private heldBytes = 0;
-  // verdicts
-  private passedEvents = 0;
-  private settled = false;
-  private isComplete = false;
-  private cut = false;
-  private cutFirst = false;
-  private errorData: string | null = null;
-  private reported = false;
+/** Reads one stream. */
+export interface SseReader {
+  /** A chunk as it comes: what of it goes on, and the engine's error once its event was read. */
+  feed(bytes: Uint8Array): SseRead;
+  /** The stream ended cleanly: what was held passes (an unfinished event is not one, but its bytes go on); an error event is reported. */
+  end(): SseRead;
+  /** after `end`: the stream reached its end ([DONE], or a final event) */
+  readonly complete: boolean;
+  /** the stream's first event with data (or an `event:` line) is known not to be an error: the status line may go out */
+  readonly settled: boolean;
   /** a required rewrite met a line too long to hold: nothing more passes */
-  tooLong = false;
+  readonly tooLong: boolean;
+}
+
+/**
+ * An incremental reader: `feed` each chunk as it comes and send on what it passes; `end` once
+ * the stream ended cleanly. Any chunking of the same bytes gives the same output and verdicts.
+ * (A closure rather than a class: its state minifies to short names, and the Worker is loaded
+ * on every cold start.)
+ */
+export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null): SseReader {
+  let complete = false;
+  let settled = false;
+  let tooLong = false;
+  // the line being read
+  let afterCR = false;
+  let lineBytes = 0;
+  let field: Field | null = null;
+  let name = "";
+  /** an `event:` line's value */
+  let value: number[] = [];
+  /** the line's bytes, held whole for the rewrite (null: not held) */
+  let line: Uint8Array[] | null = null;
+  let lineHeld = 0;
+  /** the line just ended was dropped: so is its line break */
+  let dropBreak = false;
+  // the event being read
+  let inEvent = false;
+  let eventType: string | null = null;
+  let dataLines = 0;
+  let dataBytes = 0;
+  /** the data's first bytes (an error event's, up to ERROR_HEAD_MAX), and an error's last */
+  let head: number[] = [];
+  let tail: number[] = [];
+  let json: JsonTypeScan | null = null;
+  /** lines of it passed, or were dropped */
+  let kept = false;
+  let dropped = false;
+  /** undecided whether it is an error: its bytes are held */
+  let pending = false;
+  let held: Uint8Array[] = [];
+  let heldBytes = 0;
+  // the error event, once one began
+  let passedAny = false;
+  let cut = false;
+  let cutFirst = false;
+  let errorData: string | null = null;
+  let reported = false;
   // the chunk being fed: its bytes not yet routed begin at `from`
-  private chunk: Uint8Array = EMPTY;
-  private from = 0;
-  private out = new Output();
+  let chunk: Uint8Array = EMPTY;
+  let from = 0;
+  let out: Uint8Array[] = [];
 
-  constructor(
-    private readonly rule: Completeness,
-    private readonly rewrite: DataRewrite | null = null,
-  ) {}
+  const begin = (bytes: Uint8Array) => {
+    chunk = bytes;
+    from = 0;
+    out = [];
+  };
 
-  /** The stream's first data-carrying event (or `event:` line) is known not to be an error: the status line may go out. */
-  get firstSettled(): boolean {
-    return this.settled;
-  }
-
-  /** After `end`: the stream reached its end marker ([DONE] or a final event). */
-  get complete(): boolean {
-    return this.isComplete;
-  }
-
-  feed(bytes: Uint8Array): SseRead {
-    if (this.reported || this.tooLong) return { pass: EMPTY, error: null };
-    this.chunk = bytes;
-    this.from = 0;
-    this.out = new Output();
-    const n = bytes.length;
-    /** where the next CR is (n: none): looked up once a feed, not once a line */
-    let cr = -1;
-    let i = 0;
-    while (i < n && !this.tooLong) {
-      const b = bytes[i]!;
-      if (b === LF || b === CR) {
-        const crlf = b === LF && this.afterCR;
-        this.afterCR = b === CR;
-        if (!crlf) {
-          this.route(i);
-          if (this.lineBytes) this.endLine(i);
-          else this.endEvent(i);
-        }
-        this.route(++i);
-        continue;
-      }
-      this.afterCR = false;
-      if (!this.lineBytes) this.startLine(i);
-      if (this.field === null) {
-        // the field's name, up to its colon: "data" and "event" are all we look for
-        this.lineBytes++;
-        i++;
-        if (b === COLON) this.fieldIs(this.lineBytes === 1 ? "other" : fieldOf(this.name));
-        else if (this.name.length > 5) this.fieldIs("other");
-        else this.name += String.fromCharCode(b);
-        continue;
-      }
-      if (this.skipSpace) {
-        this.skipSpace = false;
-        if (b === 0x20) {
-          this.lineBytes++;
-          this.valueAt++;
-          i++;
-          continue;
-        }
-      }
-      // the value, up to the line's end (or the chunk's): looked at, never copied
-      if (cr < i) cr = indexOrEnd(bytes, CR, i);
-      let end = Math.min(indexOrEnd(bytes, LF, i), cr);
-      const deciding = this.pending && this.field === "data";
-      // an event's first data line decides, at its ERROR_HEAD-th byte, whether it is an error
-      if (deciding) end = Math.min(end, i + ERROR_HEAD - this.head.length);
-      if (this.field === "data") this.dataValue(bytes, i, end);
-      else if (this.field === "event") for (let k = i; k < end && this.value.length < SHORT; k++) this.value.push(bytes[k]!);
-      this.lineBytes += end - i;
-      i = end;
-      if (deciding && this.head.length >= ERROR_HEAD) this.decide(i, opensError(text(this.head)), true);
-      if (this.line && this.lineHeld + i - this.from > MAX_DATA_LINE_BYTES) this.overLong(i);
-      if (this.pending && this.heldBytes + this.lineHeld + i - this.from > HOLD_MAX_BYTES) this.decide(i, false, false);
-    }
-    if (!this.tooLong) this.route(n);
-    return { pass: this.out.bytes(), error: this.report() };
-  }
-
-  /** The stream ended cleanly: what was held passes (an unfinished event is not one, but its bytes go on), an error event is reported. */
-  end(): SseRead {
-    if (this.reported || this.tooLong) return { pass: EMPTY, error: null };
-    this.chunk = EMPTY;
-    this.from = 0;
-    this.out = new Output();
-    // a last line without a colon: a field with an empty value
-    if (this.lineBytes && this.field === null) this.fieldIs(fieldOf(this.name));
-    // an undecided last event that opens an error object: an error cut short
-    if (this.pending && this.field === "data" && opensError(text(this.head))) this.decide(0, true, true);
-    if (this.cut) {
-      this.errorRead();
-      return { pass: EMPTY, error: this.report() };
-    }
-    if (this.line) this.releaseLine(true);
-    this.decide(0, false, false);
-    // a bare [DONE] without its blank line still ends a stream
-    if (this.rule.kind === "done" && this.dataLines && this.isDone()) this.isComplete = true;
-    return { pass: this.out.bytes(), error: null };
-  }
+  /** Bytes that go on once the event is decided. */
+  const emit = (part: Uint8Array) => {
+    if (pending) {
+      held.push(part);
+      heldBytes += part.length;
+    } else out.push(part);
+  };
 
   /** Sends the chunk's bytes up to `to` where they go now: on, held (the line, or the undecided event), or nowhere (cut, dropped). */
-  private route(to: number): void {
-    if (to <= this.from) return;
-    const part = this.chunk.subarray(this.from, to);
-    this.from = to;
-    if (this.cut || this.tooLong) return;
-    if (this.line) {
-      this.line.push(part);
-      this.lineHeld += part.byteLength;
-    } else if (!this.dropBreak) this.emit(part);
-  }
-
-  /** Bytes that may go on once the event is decided. */
-  private emit(part: Uint8Array): void {
-    if (this.pending) {
-      this.held.push(part);
-      this.heldBytes += part.byteLength;
-    } else this.out.push(part);
-  }
-
-  private startLine(at: number): void {
-    this.route(at);
-    this.dropBreak = false;
-    if (!this.inEvent) {
-      this.inEvent = true;
-      this.pending = !this.cut;
-    }
-    // held until its field is known; a data line until its end
-    if (this.rewrite && !this.cut) this.line = [];
-  }
-
-  private fieldIs(field: Field): void {
-    this.field = field;
-    this.valueAt = this.lineBytes;
-    this.skipSpace = true;
-    if (field === "data") {
-      // data lines join with a newline
-      if (this.dataLines++) this.dataValue(new Uint8Array([LF]), 0, 1);
-      if (this.rule.kind === "events" && this.eventType === null && !this.json) this.json = new JsonTypeScan();
-    } else if (this.line) this.releaseLine(false);
-  }
-
-  private dataValue(bytes: Uint8Array, from: number, to: number): void {
-    if (this.cut) to = Math.max(from, Math.min(to, from + ERROR_DATA_MAX - this.dataBytes));
-    let k = from;
-    while (k < to && this.head.length < (this.cut ? ERROR_HEAD_MAX : SHORT)) this.head.push(bytes[k++]!);
-    if (this.cut && k < to) this.tail = [...this.tail, ...bytes.subarray(Math.max(k, to - ERROR_TAIL_MAX), to)].slice(-ERROR_TAIL_MAX);
-    this.dataBytes += to - from;
-    if (this.json) for (let k = from; k < to; k++) this.json.byte(bytes[k]!);
-  }
-
-  private endLine(at: number): void {
-    if (this.field === null) this.fieldIs(fieldOf(this.name));
-    const field = this.field;
-    if (field === "event") this.eventType = text(this.value);
-    if (this.pending && field !== "other") this.decide(at, field === "event" ? this.eventType === "error" : opensError(text(this.head)), true);
-    // an error event's first data line holds its message
-    if (this.cut && field === "data") this.errorRead();
-    if (this.line) this.releaseLine(true);
-    else this.kept ||= !this.cut;
-    // many short lines (comments) hold no more than one long one
-    if (this.pending && this.heldBytes > HOLD_MAX_BYTES) this.decide(at, false, false);
-    this.lineBytes = 0;
-    this.field = null;
-    this.name = "";
-    this.value = [];
-  }
-
-  /** A blank line: the event ends. */
-  private endEvent(at: number): void {
-    if (!this.inEvent) {
-      this.dropBreak = false;
-      return;
-    }
-    // an event without data (a comment, a keep-alive) is no error: it passes
-    if (this.pending) this.decide(at, false, false);
-    if (this.cut) this.errorRead();
-    else if (this.dataLines) {
-      this.passedEvents++;
-      const type = this.eventType ?? this.json?.result() ?? null;
-      if (this.rule.kind === "done" ? this.isDone() : type !== null && this.rule.types.includes(type)) this.isComplete = true;
-    }
-    // an event whose every line was dropped is dropped whole
-    this.dropBreak = this.dropped && !this.kept;
-    this.inEvent = false;
-    this.eventType = null;
-    this.dataLines = 0;
-    this.dataBytes = 0;
-    this.head = [];
-    this.tail = [];
-    this.json = null;
-    this.kept = false;
-    this.dropped = false;
-  }
-
-  private isDone(): boolean {
-    return this.dataBytes <= SHORT && text(this.head).trim() === "[DONE]";
-  }
+  const route = (to: number) => {
+    if (to <= from) return;
+    const part = chunk.subarray(from, to);
+    from = to;
+    if (cut || tooLong) return;
+    if (line) {
+      line.push(part);
+      lineHeld += part.length;
+    } else if (!dropBreak) emit(part);
+  };
 
   /** The event is decided at `at`: an error (cut there), or not (what was held goes on). `settles`: a data or event line decided it. */
-  private decide(at: number, error: boolean, settles: boolean): void {
-    this.route(at);
-    this.pending = false;
+  const decide = (at: number, error: boolean, settles: boolean) => {
+    route(at);
+    pending = false;
     if (error) {
-      this.cut = true;
-      this.cutFirst = this.passedEvents === 0;
-      this.line = null;
-      this.lineHeld = 0;
+      cut = true;
+      cutFirst = !passedAny;
+      line = null;
+      lineHeld = 0;
     } else {
-      for (const h of this.held) this.out.push(h);
-      this.settled ||= settles;
+      out.push(...held);
+      settled ||= settles;
     }
-    this.held = [];
-    this.heldBytes = 0;
-  }
+    held = [];
+    heldBytes = 0;
+  };
 
   /** The held line goes on: rewritten when it `ended` as a data line, else as it is. */
-  private releaseLine(ended: boolean): void {
-    const parts = this.line!;
-    this.line = null;
-    this.lineHeld = 0;
-    const bytes = parts.length === 1 ? parts[0]! : join(parts);
-    if (ended && this.field === "data") {
-      const value = decoder.decode(bytes.subarray(this.valueAt));
-      const line = this.rewrite!.line(value);
-      if (line === null) {
-        this.dropped = this.dropBreak = true;
+  const releaseLine = (ended: boolean) => {
+    let bytes = joinBytes(line!);
+    line = null;
+    lineHeld = 0;
+    if (ended && field === "data") {
+      const text = decoder.decode(bytes);
+      const old = text.slice(text[5] === " " ? 6 : 5);
+      const next = rewrite!.line(old);
+      if (next === null) {
+        dropped = dropBreak = true;
         return;
       }
-      this.kept = true;
-      this.emit(line === value ? bytes : encoder.encode(`data: ${line}`));
-    } else {
-      this.kept = true;
-      this.emit(bytes);
+      if (next !== old) bytes = encoder.encode(`data: ${next}`);
     }
-  }
+    kept = true;
+    emit(bytes);
+  };
 
-  /** The held line outgrew MAX_DATA_LINE_BYTES: it flows on unchanged, or (a required rewrite) the reader stops. */
-  private overLong(at: number): void {
-    this.route(at);
-    if (this.rewrite!.required) this.tooLong = true;
-    else this.releaseLine(false);
-  }
+  /** A data value's bytes (with the space after the colon: JSON, `[DONE]` and the error test ignore it). */
+  const dataValue = (bytes: Uint8Array, start: number, to: number) => {
+    if (cut) to = Math.max(start, Math.min(to, start + ERROR_DATA_MAX - dataBytes));
+    let k = start;
+    while (k < to && head.length < (cut ? ERROR_HEAD_MAX : SHORT)) head.push(bytes[k++]!);
+    if (cut && k < to) tail = [...tail, ...bytes.subarray(Math.max(k, to - ERROR_TAIL_MAX), to)].slice(-ERROR_TAIL_MAX);
+    dataBytes += to - start;
+    if (json) for (k = start; k < to; k++) json.byte(bytes[k]!);
+  };
+
+  const fieldIs = (f: Field) => {
+    field = f;
+    if (f !== "data") {
+      if (line) releaseLine(false);
+      return;
+    }
+    // data lines join with a newline
+    if (dataLines++) dataValue(NEWLINE, 0, 1);
+    if (rule.kind === "events" && eventType === null) json ??= jsonTypeScan();
+  };
+
+  const isDone = () => dataBytes <= SHORT && text(head).trim() === "[DONE]";
 
   /** The error event's data is in (its first data line, its end, or the stream's): its head, and its tail when it was longer. */
-  private errorRead(): void {
-    this.errorData ??= text(this.head) + text(this.tail);
-  }
+  const errorRead = () => {
+    errorData ??= text(head) + text(tail);
+  };
 
-  private report(): EngineError | null {
-    if (this.cut && this.dataBytes >= ERROR_DATA_MAX) this.errorRead();
-    if (this.errorData === null || this.reported) return null;
-    this.reported = true;
-    return { ...engineErrorOf(this.errorData), first: this.cutFirst };
-  }
+  const report = (): EngineError | null => {
+    if (cut && dataBytes >= ERROR_DATA_MAX) errorRead();
+    if (errorData === null || reported) return null;
+    reported = true;
+    return { ...engineErrorOf(errorData), first: cutFirst };
+  };
+
+  const endLine = (at: number) => {
+    if (field === null) fieldIs(fieldOf(name));
+    if (field === "event") {
+      const v = text(value);
+      eventType = v[0] === " " ? v.slice(1) : v;
+    }
+    if (pending && field !== "other") decide(at, field === "event" ? eventType === "error" : opensError(text(head)), true);
+    // an error event's first data line holds its message
+    if (cut && field === "data") errorRead();
+    if (line) releaseLine(true);
+    // many short lines (comments) hold no more than one long one
+    if (pending && heldBytes > HOLD_MAX_BYTES) decide(at, false, false);
+    lineBytes = 0;
+    field = null;
+    name = "";
+    value = [];
+  };
+
+  /** A blank line: the event ends (an event whose every line was dropped is dropped whole). */
+  const endEvent = (at: number) => {
+    if (inEvent) {
+      // an event without data (a comment, a keep-alive) is no error: it passes
+      if (pending) decide(at, false, false);
+      if (cut) errorRead();
+      else if (dataLines) {
+        passedAny = true;
+        const type = eventType ?? json?.result();
+        if (rule.kind === "done" ? isDone() : rule.types.includes(type!)) complete = true;
+      }
+    }
+    dropBreak = dropped && !kept;
+    inEvent = kept = dropped = false;
+    eventType = json = null;
+    dataLines = dataBytes = 0;
+    head = [];
+    tail = [];
+  };
+
+  const stopped = (): SseRead | null => (reported || tooLong ? { pass: EMPTY, error: null } : null);
+
+  return {
+    get complete() {
+      return complete;
+    },
+    get settled() {
+      return settled;
+    },
+    get tooLong() {
+      return tooLong;
+    },
+
+    feed(bytes) {
+      const stop = stopped();
+      if (stop) return stop;
+      begin(bytes);
+      const n = bytes.length;
+      /** where the next CR is (n: none): looked up once a feed, not once a line */
+      let cr = -1;
+      let i = 0;
+      while (i < n && !tooLong) {
+        const b = bytes[i]!;
+        if (b === LF || b === CR) {
+          if (b === CR || !afterCR) {
+            route(i);
+            if (lineBytes) endLine(i);
+            else endEvent(i);
+          }
+          afterCR = b === CR;
+          route(++i);
+          continue;
+        }
+        afterCR = false;
+        if (!lineBytes) {
+          // a line begins: held until its field is known when a rewrite is on, a data line until its end
+          route(i);
+          dropBreak = false;
+          if (!inEvent) {
+            inEvent = true;
+            pending = !cut;
+          }
+          if (rewrite && !cut) line = [];
+        }
+        if (field === null) {
+          // the field's name, up to its colon: "data" and "event" are all we look for
+          lineBytes++;
+          i++;
+          if (b === COLON) fieldIs(lineBytes === 1 ? "other" : fieldOf(name));
+          else {
+            name += String.fromCharCode(b);
+            if (name.length > 5) fieldIs("other");
+          }
+          continue;
+        }
+        // the value, up to the line's end (or the chunk's): looked at, never copied
+        if (cr < i) cr = indexOrEnd(bytes, CR, i);
+        let end = Math.min(indexOrEnd(bytes, LF, i), cr);
+        // an event's first data line decides, at its ERROR_HEAD-th byte, whether it is an error
+        const deciding = pending && field === "data";
+        if (deciding) end = Math.min(end, i + ERROR_HEAD - head.length);
+        if (field === "data") dataValue(bytes, i, end);
+        else if (field === "event") value.push(...bytes.subarray(i, Math.min(end, i + SHORT - value.length)));
+        lineBytes += end - i;
+        i = end;
+        if (deciding && head.length >= ERROR_HEAD) decide(i, opensError(text(head)), true);
+        if (line && lineHeld + i - from > MAX_DATA_LINE_BYTES) {
+          route(i);
+          // too long to hold: it flows on unchanged, or (a required rewrite) the reader stops
+          if (rewrite!.required) tooLong = true;
+          else releaseLine(false);
+        }
+        if (pending && heldBytes + lineHeld + i - from > HOLD_MAX_BYTES) decide(i, false, false);
+      }
+      if (!tooLong) route(n);
+      return { pass: joinBytes(out), error: report() };
+    },
+
+    end() {
+      const stop = stopped();
+      if (stop) return stop;
+      begin(EMPTY);
+      // a last line without a colon: a field with an empty value
+      if (lineBytes && field === null) fieldIs(fieldOf(name));
+      // an undecided last event that opens an error object: an error cut short
+      if (pending && field === "data" && opensError(text(head))) decide(0, true, true);
+      if (cut) errorRead();
+      else {
+        if (line) releaseLine(true);
+        decide(0, false, false);
+        // a bare [DONE] without its blank line still ends a stream
+        if (rule.kind === "done" && dataLines && isDone()) complete = true;
+      }
+      return { pass: joinBytes(out), error: report() };
+    },
+  };
 }
 
 function fieldOf(name: string): Field {
@@ -370,110 +364,89 @@ function indexOrEnd(bytes: Uint8Array, b: number, from: number): number {
   return at < 0 ? bytes.length : at;
 }
 
-function join(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
+/** The parts as one array: the part itself when there is one (no copy). */
+export function joinBytes(parts: Uint8Array[]): Uint8Array {
+  parts = parts.filter((p) => p.length);
+  if (parts.length < 2) return parts[0] ?? EMPTY;
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const p of parts) {
     out.set(p, at);
-    at += p.byteLength;
+    at += p.length;
   }
   return out;
 }
 
-/** Views of the chunks fed, joined only when they are not one contiguous view already. */
-class Output {
-  private parts: Uint8Array[] = [];
-
-  push(part: Uint8Array): void {
-    if (!part.byteLength) return;
-    const last = this.parts[this.parts.length - 1];
-    if (last && last.buffer === part.buffer && last.byteOffset + last.byteLength === part.byteOffset) {
-      this.parts[this.parts.length - 1] = new Uint8Array(last.buffer, last.byteOffset, last.byteLength + part.byteLength);
-    } else this.parts.push(part);
-  }
-
-  bytes(): Uint8Array {
-    return this.parts.length <= 1 ? (this.parts[0] ?? EMPTY) : join(this.parts);
-  }
+/** The top-level "type" member of one JSON object, read byte by byte. */
+export interface JsonTypeScan {
+  byte(b: number): void;
+  /** the object's top-level "type", once the object is complete */
+  result(): string | null;
 }
 
-const QUOTE = 0x22;
-
 /**
- * The top-level "type" member of one JSON object, read byte by byte in constant memory: null
- * unless the object is complete (a cut JSON text has no type) and that member is a plain string
- * (no escapes) of at most SHORT bytes.
+ * Reads one JSON object's top-level "type" in constant memory: null unless the object is
+ * complete (a cut JSON text has no type) and that member is a plain string (no escapes) of at
+ * most SHORT bytes.
  */
-export class JsonTypeScan {
-  private depth = 0;
-  private inString = false;
-  private escaped = false;
-  /** at depth 1, what comes next: a key, or (after its colon) a value */
-  private expect: "key" | "value" | null = null;
-  /** the string being read is a key, or the value of "type" */
-  private reading: "key" | "type" | null = null;
-  private buf: number[] = [];
-  private plain = true;
-  private lastKeyIsType = false;
-  private type: string | null = null;
+export function jsonTypeScan(): JsonTypeScan {
+  let depth = 0;
+  /** 0: outside a string; 1: in one; 2: just after a backslash in one */
+  let str = 0;
+  /** at depth 1, what comes next: 1 a key, 2 a value */
+  let expect = 0;
+  /** the string being read: 1 a key, 2 the value of "type", 0 neither */
+  let reading = 0;
+  /** its bytes (null: escaped or too long, so not the plain string we look for) */
+  let buf: number[] | null = null;
+  let typeKey = false;
+  let type: string | null = null;
   /** 1: the object closed; -1: not one JSON object */
-  private state = 0;
-
-  byte(b: number): void {
-    if (this.state < 0) return;
-    if (this.inString) {
-      if (this.escaped) this.escaped = false;
-      else if (b === 0x5c) this.escaped = true;
-      else if (b === QUOTE) {
-        this.inString = false;
-        const s = this.reading && this.plain ? text(this.buf) : null;
-        if (this.reading === "key") this.lastKeyIsType = s === "type";
-        else if (this.reading === "type") this.type = s;
+  let state = 0;
+  return {
+    byte(b) {
+      if (state < 0) return;
+      if (str) {
+        if (str > 1) str = 1;
+        else if (b === 0x5c) {
+          str = 2;
+          buf = null;
+        } else if (b === QUOTE) {
+          str = 0;
+          const s = reading && buf ? text(buf) : null;
+          if (reading === 1) typeKey = s === "type";
+          else if (reading) type = s;
+        } else if (buf && reading) {
+          if (buf.length < SHORT) buf.push(b);
+          else buf = null;
+        }
         return;
       }
-      // an escaped key or value is never the plain "type" we look for
-      if (this.escaped || this.buf.length >= SHORT) this.plain = false;
-      else if (this.reading) this.buf.push(b);
-      return;
-    }
-    if (b === 0x20 || b === LF || b === CR || b === 0x09) return;
-    if (this.state > 0) {
-      this.state = -1;
-      return;
-    }
-    const top = this.depth === 1;
-    const expect = this.expect;
-    this.expect = null;
-    switch (b) {
-      case QUOTE:
-        this.inString = true;
-        this.buf = [];
-        this.plain = true;
-        this.reading = top && expect === "key" ? "key" : top && expect === "value" && this.lastKeyIsType ? "type" : null;
+      if (b === 0x20 || b === LF || b === CR || b === 0x09) return;
+      if (state) {
+        state = -1;
         return;
-      case 0x7b: // {
-      case 0x5b: // [
-        if (!this.depth && b !== 0x7b) this.state = -1;
-        if (++this.depth === 1) this.expect = "key";
-        return;
-      case 0x7d: // }
-      case 0x5d: // ]
-        if (--this.depth <= 0) this.state = this.depth ? -1 : 1;
-        return;
-      case 0x2c: // ,
-        if (top) this.expect = "key";
-        return;
-      case COLON:
-        if (top) this.expect = "value";
-        return;
-      default:
-        // a number, true, false or null: a value, not the string we look for
-        if (!this.depth) this.state = -1;
-    }
-  }
-
-  /** The object's top-level "type", once the object is complete. */
-  result(): string | null {
-    return this.state > 0 ? this.type : null;
-  }
+      }
+      const top = depth === 1;
+      const next = expect;
+      expect = 0;
+      if (b === QUOTE) {
+        str = 1;
+        buf = [];
+        reading = !top ? 0 : next === 1 ? 1 : next === 2 && typeKey ? 2 : 0;
+      } else if (b === 0x7b || b === 0x5b) {
+        // { or [
+        if (!depth && b !== 0x7b) state = -1;
+        if (++depth === 1) expect = 1;
+      } else if (b === 0x7d || b === 0x5d) {
+        // } or ]
+        if (--depth <= 0) state = depth ? -1 : 1;
+      } else if (b === 0x2c) {
+        if (top) expect = 1;
+      } else if (b === COLON) {
+        if (top) expect = 2;
+      } else if (!depth) state = -1; // a number, true, false or null alone: not an object
+    },
+    result: () => (state > 0 ? type : null),
+  };
 }

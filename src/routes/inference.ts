@@ -10,7 +10,7 @@ import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
 import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
-import { DecodeSource, type StreamEnd } from "../forward/decode-source";
+import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-reader";
 import { chargeRateLimit } from "../auth/client-access";
@@ -347,7 +347,7 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
         return life.end({ status: 499, outcome: end.outcome, error: end.error, legs: { decode: decodeLeg("aborted") } });
     }
   };
-  const source = new DecodeSource({
+  const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,

@@ -1,5 +1,5 @@
 import type { EngineError } from "../../src/forward/engine-error";
-import { SseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
+import { sseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
 
 /** What one SseReader made of a stream fed in pieces. */
 export interface Fed {
@@ -18,7 +18,7 @@ const enc = new TextEncoder();
 
 /** Feeds `input` to a fresh reader in the pieces `cuts` make (positions in bytes), then `end` unless told not to. */
 export function feedReader(input: string | Uint8Array, cuts: number[], rule: Completeness, rewrite: DataRewrite | null = null, end = true): Fed {
-  const reader = new SseReader(rule, rewrite);
+  const reader = sseReader(rule, rewrite);
   const bytes = typeof input === "string" ? enc.encode(input) : input;
   const out: Uint8Array[] = [];
   let error: EngineError | null = null;
@@ -43,5 +43,5 @@ export function feedReader(input: string | Uint8Array, cuts: number[], rule: Com
     all.set(p, k);
     k += p.byteLength;
   }
-  return { bytes: all, out: new TextDecoder().decode(all), error, errors, complete: reader.complete, settled: reader.firstSettled, tooLong: reader.tooLong };
+  return { bytes: all, out: new TextDecoder().decode(all), error, errors, complete: reader.complete, settled: reader.settled, tooLong: reader.tooLong };
 }

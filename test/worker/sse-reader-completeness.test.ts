@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { JsonTypeScan, SseReader, type Completeness } from "../../src/forward/sse-reader";
+import { jsonTypeScan, sseReader, type Completeness } from "../../src/forward/sse-reader";
 import { feedReader } from "../support/sse-feed";
 
 // Issue 19 item 5: whether a stream that ended cleanly was complete is decided on its parsed SSE
@@ -36,7 +36,7 @@ const framing = fc.constantFrom("event-lines" as const, "data-only" as const);
 const eol = fc.constantFrom("\n", "\r\n", "\r");
 const cuts = fc.array(fc.nat({ max: 400_000 }), { maxLength: 12 });
 
-describe("SseReader: each event's type, whatever the chunking", () => {
+describe("sseReader: each event's type, whatever the chunking", () => {
   it("finds every event's type, in both framings, with any line ending, and no other", () => {
     fc.assert(
       fc.property(events, framing, eol, cuts, (evs, f, e, c) => {
@@ -108,7 +108,7 @@ describe("completeness: complete streams pass, cut ones fail", () => {
   });
 
   it("a line that never ends (48 MB of one data line) is read through, passed as it comes, and judged incomplete", () => {
-    const reader = new SseReader({ kind: "events", types: END_TYPES });
+    const reader = sseReader({ kind: "events", types: END_TYPES });
     const piece = enc.encode(`data: {"type":"x","pad":"${"x".repeat(1 << 20)}`);
     const more = enc.encode("x".repeat(1 << 20));
     // past the bytes that tell it is no error event, every chunk goes on whole, as the same bytes
@@ -122,11 +122,11 @@ describe("completeness: complete streams pass, cut ones fail", () => {
   });
 });
 
-describe("JsonTypeScan", () => {
+describe("jsonTypeScan", () => {
   it("agrees with JSON.parse on the top-level string `type` of any complete object", () => {
     fc.assert(
       fc.property(fc.dictionary(fc.constantFrom("type", "a", "ty", "types", "x"), fc.jsonValue({ maxDepth: 3 })), (obj) => {
-        const s = new JsonTypeScan();
+        const s = jsonTypeScan();
         for (const b of enc.encode(JSON.stringify(obj))) s.byte(b);
         const t = (obj as { type?: unknown }).type;
         // JSON.stringify escapes quotes, backslashes and control characters: an escaped value is never taken

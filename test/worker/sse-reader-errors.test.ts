@@ -1,7 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { engineErrorOf } from "../../src/forward/engine-error";
-import { HOLD_MAX_BYTES, SseReader } from "../../src/forward/sse-reader";
+import { HOLD_MAX_BYTES, sseReader } from "../../src/forward/sse-reader";
 import { feedReader } from "../support/sse-feed";
 
 // An engine that fails inside its stream writes an error event, then `data: [DONE]` (vLLM's
@@ -54,7 +54,7 @@ describe("error events: a stream without one passes whole", () => {
   });
 
   it("a large event is not held back whole: past the opening bytes it flows as it comes", () => {
-    const g = new SseReader({ kind: "done" });
+    const g = sseReader({ kind: "done" });
     const big = `data: ${JSON.stringify(chunk("x".repeat(100_000)))}\n\n`;
     const bytes = enc.encode(big);
     const first = g.feed(bytes.subarray(0, 10));
@@ -62,10 +62,10 @@ describe("error events: a stream without one passes whole", () => {
     const second = g.feed(bytes.subarray(10, 50_000));
     expect(second.pass.byteLength).toBe(50_000);
     // a long comment before the data is held only up to HOLD_MAX_BYTES
-    const h = new SseReader({ kind: "done" });
+    const h = sseReader({ kind: "done" });
     const comment = `: ${"k".repeat(3 * HOLD_MAX_BYTES)}\n`;
     expect(h.feed(enc.encode(comment)).pass.byteLength).toBe(enc.encode(comment).byteLength);
-    expect(h.firstSettled).toBe(false);
+    expect(h.settled).toBe(false);
   });
 
   it("a stream cut inside an event gives back what it held (the completeness check judges it)", () => {

@@ -1,7 +1,7 @@
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { HOLD_MAX_BYTES, MAX_DATA_LINE_BYTES, SseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
+import { HOLD_MAX_BYTES, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
 import { fixUsage, fixUsageInBody, usageRewrite } from "../../src/forward/stream";
 import { feedReader, type Fed } from "../support/sse-feed";
 
@@ -113,7 +113,7 @@ function clientEvents(bytes: string): Array<Pick<EventSourceMessage, "event" | "
   return events;
 }
 
-describe("SseReader: any chunking of the same bytes gives the same output and the same verdicts", () => {
+describe("sseReader: any chunking of the same bytes gives the same output and the same verdicts", () => {
   for (const [name, rewrite] of Object.entries(rewrites)) {
     for (const rule of [DONE, RESPONSES]) {
       it(`rewrite ${name}, completeness ${rule.kind}: in one piece, in random pieces, byte by byte`, () => {
@@ -131,7 +131,7 @@ describe("SseReader: any chunking of the same bytes gives the same output and th
   }
 });
 
-describe("SseReader: what passes is what D sent, but for the rewritten lines and the cut at an error event", () => {
+describe("sseReader: what passes is what D sent, but for the rewritten lines and the cut at an error event", () => {
   /** where the first error event begins, as a client's parser would find it: the output is the input up to there */
   const untilError = (text: string) => {
     const events = clientEvents(text);
@@ -194,12 +194,12 @@ describe("SseReader: what passes is what D sent, but for the rewritten lines and
   });
 });
 
-describe("SseReader: it holds only what a decision waits for", () => {
+describe("sseReader: it holds only what a decision waits for", () => {
   it("without a rewrite, at most HOLD_MAX_BYTES (and a line break) are held back at any time: one undecided event's opening bytes", () => {
     fc.assert(
       fc.property(stream, cuts, (text, c) => {
         fc.pre(untilErrorFree(text));
-        const reader = new SseReader(DONE);
+        const reader = sseReader(DONE);
         const bytes = enc.encode(text);
         let fed = 0;
         let passed = 0;
@@ -216,7 +216,7 @@ describe("SseReader: it holds only what a decision waits for", () => {
   });
 
   it("a usage line is held whole up to MAX_DATA_LINE_BYTES; a longer line flows on unchanged from there (16 MB)", () => {
-    const reader = new SseReader(DONE, usageRewrite(fixUsage({ promptTokens: 1, cachedTokens: 0 })));
+    const reader = sseReader(DONE, usageRewrite(fixUsage({ promptTokens: 1, cachedTokens: 0 })));
     const head = enc.encode(`data: ${usageLine(1).slice(0, -1)},"pad":"`);
     const piece = enc.encode("x".repeat(64 << 10));
     expect(reader.feed(head).pass.byteLength).toBe(0);
