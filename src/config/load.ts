@@ -41,13 +41,13 @@ export function textVersion(text: string): string {
  * never replaces a valid one; it is reported (problems) while the last valid one serves.
  */
 export class ClusterConfigLoader {
-  private lastGood: { raw: string; config: ClusterConfig; version: string } | null = null;
-  private snapshot: ConfigSnapshot | null = null;
-  private loadedAt = -Infinity;
-  private lastRaw: string | null | undefined = undefined;
+  #lastGood: { raw: string; config: ClusterConfig; version: string } | null = null;
+  #snapshot: ConfigSnapshot | null = null;
+  #loadedAt = -Infinity;
+  #lastRaw: string | null | undefined = undefined;
   /** reads started / the newest read applied: a slow read never overwrites a newer one */
-  private readsStarted = 0;
-  private readApplied = 0;
+  #readsStarted = 0;
+  #readApplied = 0;
 
   /**
    * The cached snapshot, or a fresh one read by THIS call. Deliberately no shared in-flight
@@ -56,36 +56,36 @@ export class ClusterConfigLoader {
    * read (KV serves repeated reads from its edge cache). Only data is shared between requests.
    */
   async get(source: ConfigSource): Promise<ConfigSnapshot> {
-    if (this.snapshot && source.now() - this.loadedAt < source.ttlMs) return this.snapshot;
-    return this.refresh(source);
+    if (this.#snapshot && source.now() - this.#loadedAt < source.ttlMs) return this.#snapshot;
+    return this.#refresh(source);
   }
 
   /** Drops the isolate cache (tests, and the admin API after a write). */
   invalidate(): void {
-    this.loadedAt = -Infinity;
+    this.#loadedAt = -Infinity;
   }
 
-  private async refresh(source: ConfigSource): Promise<ConfigSnapshot> {
-    const read = ++this.readsStarted;
+  async #refresh(source: ConfigSource): Promise<ConfigSnapshot> {
+    const read = ++this.#readsStarted;
     let raw: string | null;
     try {
       raw = await source.read();
     } catch (err) {
       // KV unreachable: keep serving what we have rather than failing every request.
-      if (this.snapshot) return this.snapshot;
+      if (this.#snapshot) return this.#snapshot;
       raw = null;
       source.log?.({ event: "config_read_failed", error: String(err) });
     }
     // A read that started before one already applied saw an older (or the same) document.
-    if (this.snapshot && read < this.readApplied) return this.snapshot;
-    if (this.snapshot && raw === this.lastRaw) {
-      this.readApplied = read;
-      this.loadedAt = source.now();
-      return this.snapshot;
+    if (this.#snapshot && read < this.#readApplied) return this.#snapshot;
+    if (this.#snapshot && raw === this.#lastRaw) {
+      this.#readApplied = read;
+      this.#loadedAt = source.now();
+      return this.#snapshot;
     }
 
     const problems: Problem[] = [];
-    let good = this.lastGood;
+    let good = this.#lastGood;
     if (raw === null) {
       problems.push({ path: "(document)", message: `no cluster document in KV binding NODES at key "${CONFIG_KEY}"` });
     } else {
@@ -99,23 +99,23 @@ export class ClusterConfigLoader {
         const saved = await source.loadLastGood().catch(() => null);
         const parsed = saved ? parseClusterDocument(saved, source.defaults) : null;
         if (saved && parsed?.ok) good = { raw: saved, config: parsed.config, version: textVersion(saved) };
-        if (this.snapshot && read < this.readApplied) return this.snapshot; // a newer read applied meanwhile
+        if (this.#snapshot && read < this.#readApplied) return this.#snapshot; // a newer read applied meanwhile
       }
     }
     // Everything this read found is applied at once, with no await in between: a concurrent
     // request never sees `lastRaw` updated while the snapshot still describes the old text.
-    const fresh = good !== null && good !== this.lastGood && good.raw === raw;
-    this.readApplied = read;
-    this.loadedAt = source.now();
-    this.lastRaw = raw;
-    this.lastGood = good;
-    this.snapshot = {
+    const fresh = good !== null && good !== this.#lastGood && good.raw === raw;
+    this.#readApplied = read;
+    this.#loadedAt = source.now();
+    this.#lastRaw = raw;
+    this.#lastGood = good;
+    this.#snapshot = {
       config: good?.config ?? null,
       version: good?.version ?? "none",
       problems,
       stale: problems.length > 0 && good !== null,
     };
-    const snapshot = this.snapshot;
+    const snapshot = this.#snapshot;
     if (fresh && raw !== null) await source.saveLastGood?.(raw).catch(() => undefined);
     return snapshot;
   }

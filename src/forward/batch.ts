@@ -1,6 +1,6 @@
-import { sseErrorEvent } from "../errors";
 import type { ClientFeed } from "./client-stream";
 import type { DecodeSource, SourceRead, StreamEnd } from "./decode-source";
+import { joinBytes } from "./sse-reader";
 
 // Merging the answers of a batched /v1/completions that was split into one P/D request per
 // prompt: choice indexes as one engine would have numbered them (prompt i, sample j -> i*n + j,
@@ -26,9 +26,6 @@ import type { DecodeSource, SourceRead, StreamEnd } from "./decode-source";
  */
 export const MAX_BATCH_PROMPTS = 16;
 
-/** An event of a batched stream is parsed to renumber its choices; one larger than this cannot be, and fails the batch. */
-export const MAX_BATCH_EVENT_CHARS = 1 << 20;
-
 export interface CompletionObject {
   id?: string;
   choices?: Array<{ index?: number } & Record<string, unknown>>;
@@ -36,26 +33,16 @@ export interface CompletionObject {
   [key: string]: unknown;
 }
 
-type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number; cached_tokens: number };
-
 const num = (v: unknown) => (typeof v === "number" ? v : 0);
 
-function addUsage(sum: Usage, usage: Record<string, unknown> | null | undefined): void {
+const emptyUsage = () => ({ prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, prompt_tokens_details: { cached_tokens: 0 } });
+
+/** Adds a prompt's usage to the batch's. */
+function addUsage(sum: ReturnType<typeof emptyUsage>, usage: Record<string, unknown> | null | undefined): void {
   if (!usage) return;
-  sum.prompt_tokens += num(usage.prompt_tokens);
-  sum.completion_tokens += num(usage.completion_tokens);
-  sum.total_tokens += num(usage.total_tokens);
-  sum.cached_tokens += num((usage.prompt_tokens_details as { cached_tokens?: unknown } | null | undefined)?.cached_tokens);
+  for (const k of ["prompt_tokens", "completion_tokens", "total_tokens"] as const) sum[k] += num(usage[k]);
+  sum.prompt_tokens_details.cached_tokens += num((usage.prompt_tokens_details as { cached_tokens?: unknown } | null | undefined)?.cached_tokens);
 }
-
-const usageObject = (u: Usage) => ({
-  prompt_tokens: u.prompt_tokens,
-  completion_tokens: u.completion_tokens,
-  total_tokens: u.total_tokens,
-  prompt_tokens_details: { cached_tokens: u.cached_tokens },
-});
-
-const emptyUsage = (): Usage => ({ prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, cached_tokens: 0 });
 
 function reindex(choices: CompletionObject["choices"], prompt: number, n: number): void {
   for (const choice of choices ?? []) choice.index = prompt * n + num(choice.index);
@@ -71,7 +58,7 @@ export function mergeCompletions(answers: CompletionObject[], n: number): string
     addUsage(usage, a.usage);
   });
   choices.sort((a, b) => num(a.index) - num(b.index));
-  return JSON.stringify({ ...answers[0], choices, usage: usageObject(usage) });
+  return JSON.stringify({ ...answers[0], choices, usage });
 }
 
 const encoder = new TextEncoder();
@@ -79,15 +66,40 @@ const encoder = new TextEncoder();
 /**
  * The per-prompt decode streams merged into one client feed. Each source is read one chunk
  * ahead (a read stays pending on every open stream, never more than one chunk in hand a
- * prompt), and a chunk's whole events go out as soon as the client takes the previous ones,
- * their choices renumbered; usage-only events are held and summed into one before the single
- * [DONE]. So the client's pace is every prompt's pace: nothing is buffered for a client that
- * stops reading, and stopping the feed (the client gone or stalled) ends every prompt's request.
- * A prompt that fails ends the batch: its error event, never [DONE], and every other prompt's
- * legs closed (logged with the batch's failure, counted against no node).
+ * prompt), and a chunk's events go out as soon as the client takes the previous ones, their
+ * choices renumbered as each source's reader passes them (a data line too long to renumber,
+ * over MAX_DATA_LINE_BYTES, fails the batch); usage-only events are held and summed into one
+ * before the single [DONE]. So the client's pace is every prompt's pace: nothing is buffered
+ * for a client that stops reading, and stopping the feed (the client gone or stalled) ends
+ * every prompt's request. A prompt that fails ends the batch: its error event, never [DONE],
+ * and every other prompt's legs closed (logged with the batch's failure, counted against no
+ * node).
  */
 export function batchFeed(sources: DecodeSource[], n: number, withUsage: boolean): ClientFeed {
-  const split = sources.map(() => ({ decoder: new TextDecoder(), partial: "" }));
+  const usage = emptyUsage();
+  let usageFrame: CompletionObject | null = null;
+  for (const [prompt, source] of sources.entries()) {
+    source.rewriteAlso({
+      required: true,
+      line(value) {
+        if (value.trim() === "[DONE]") return null;
+        let json: CompletionObject;
+        try {
+          json = JSON.parse(value) as CompletionObject;
+        } catch {
+          return value;
+        }
+        if (json?.choices?.length === 0 && json.usage) {
+          // the prompt's final usage frame: summed into the batch's one
+          addUsage(usage, json.usage);
+          usageFrame = json;
+          return null;
+        }
+        reindex(json?.choices, prompt, n);
+        return JSON.stringify(json);
+      },
+    });
+  }
   const ready: Array<{ prompt: number; read: SourceRead }> = [];
   let wake: (() => void) | null = null;
   const readAhead = (prompt: number) =>
@@ -102,44 +114,8 @@ export function batchFeed(sources: DecodeSource[], n: number, withUsage: boolean
     return ready.shift()!;
   };
   let open = sources.length;
-  const usage = emptyUsage();
-  let usageFrame: CompletionObject | null = null;
   const endOthers = (prompt: number, end: StreamEnd) => {
     for (const [k, s] of sources.entries()) if (k !== prompt) s.cancel(end);
-  };
-  const failBatch = (prompt: number, why: string): StreamEnd => ({ outcome: "failure", blame: "none", timeout: false, error: `${why} (prompt ${prompt})` });
-
-  /** The whole events of a prompt's next bytes, renumbered; null when an event outgrows MAX_BATCH_EVENT_CHARS. */
-  const events = (prompt: number, bytes: Uint8Array, last: boolean): string | null => {
-    const s = split[prompt]!;
-    const text = s.partial + s.decoder.decode(bytes, { stream: !last });
-    const parts = text.split("\n\n");
-    s.partial = last ? "" : (parts.pop() ?? "");
-    if (s.partial.length > MAX_BATCH_EVENT_CHARS) return null;
-    let out = "";
-    for (const event of parts) {
-      const data = event
-        .split("\n")
-        .find((l) => l.startsWith("data:"))
-        ?.slice(5)
-        .trim();
-      if (!data || data === "[DONE]") continue;
-      if (data.length > MAX_BATCH_EVENT_CHARS) return null;
-      try {
-        const json = JSON.parse(data) as CompletionObject;
-        if (json.choices?.length === 0 && json.usage) {
-          // the prompt's final usage frame: summed into the batch's one
-          addUsage(usage, json.usage);
-          usageFrame = json;
-          continue;
-        }
-        reindex(json.choices, prompt, n);
-        out += `data: ${JSON.stringify(json)}\n\n`;
-      } catch {
-        out += `${event}\n\n`;
-      }
-    }
-    return out;
   };
 
   return {
@@ -148,31 +124,25 @@ export function batchFeed(sources: DecodeSource[], n: number, withUsage: boolean
         const { prompt, read } = await nextRead();
         const source = sources[prompt]!;
         if (!read.done) {
-          const out = events(prompt, read.bytes, false);
-          if (out === null) {
-            const end = failBatch(prompt, `an event over ${MAX_BATCH_EVENT_CHARS} characters, which a batched stream cannot renumber`);
-            source.cancel(end);
-            endOthers(prompt, failBatch(prompt, "another prompt of the batch failed"));
-            return { bytes: encoder.encode(sseErrorEvent("a prompt's stream sent an event too large to merge into a batched stream", "batch_event_too_large")), last: true };
-          }
           readAhead(prompt);
-          if (out) return { bytes: encoder.encode(out), last: false };
+          if (read.bytes.byteLength) return { bytes: read.bytes, last: false };
           continue;
         }
+        source.end(read.end);
         if (read.end.outcome === "ok") {
-          let out = events(prompt, read.bytes, true) ?? "";
-          source.end(read.end);
           if (--open === 0) {
-            if (withUsage && usageFrame) out += `data: ${JSON.stringify({ ...(usageFrame as CompletionObject), choices: [], usage: usageObject(usage) })}\n\n`;
-            return { bytes: encoder.encode(`${out}data: [DONE]\n\n`), last: true };
+            const frame = withUsage && usageFrame ? `data: ${JSON.stringify({ ...(usageFrame as CompletionObject), choices: [], usage })}\n\n` : "";
+            return { bytes: joinBytes([read.bytes, encoder.encode(`${frame}data: [DONE]\n\n`)]), last: true };
           }
-          if (out) return { bytes: encoder.encode(out), last: false };
+          if (read.bytes.byteLength) return { bytes: read.bytes, last: false };
           continue;
         }
         // a prompt failed, or its request ended: the batch ends with it (its error event, never [DONE])
-        source.end(read.end);
-        endOthers(prompt, read.end.outcome === "failure" ? failBatch(prompt, "another prompt of the batch failed") : read.end);
-        return { bytes: read.error, last: true };
+        endOthers(
+          prompt,
+          read.end.outcome === "failure" ? { outcome: "failure", blame: "none", timeout: false, error: `another prompt of the batch failed (prompt ${prompt})` } : read.end,
+        );
+        return { bytes: joinBytes([read.bytes, read.error]), last: true };
       }
     },
     stop(end) {

@@ -1,4 +1,5 @@
 import type { DecodeSource, StreamEnd } from "./decode-source";
+import { joinBytes } from "./sse-reader";
 
 /** What a client stream writes: one decode source (a single request) or several merged (a batch). */
 export interface ClientFeed {
@@ -96,7 +97,7 @@ export function singleFeed(source: DecodeSource): ClientFeed {
       const read = await source.next();
       if (!read.done) return { bytes: read.bytes, last: false };
       ending = read.end;
-      return { bytes: read.error.byteLength ? concat(read.bytes, read.error) : read.bytes, last: true };
+      return { bytes: joinBytes([read.bytes, read.error]), last: true };
     },
     stop(end) {
       // a node that failed stays blamed even if the client could not be told
@@ -110,13 +111,4 @@ export function singleFeed(source: DecodeSource): ClientFeed {
       source.checkIdle(now);
     },
   };
-}
-
-export function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  if (!a.byteLength) return b;
-  if (!b.byteLength) return a;
-  const out = new Uint8Array(a.byteLength + b.byteLength);
-  out.set(a, 0);
-  out.set(b, a.byteLength);
-  return out;
 }

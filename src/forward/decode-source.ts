@@ -1,9 +1,7 @@
-import { sseErrorEvent } from "../errors";
+import { sseErrorEvent, type ErrorType } from "../errors";
 import type { LegReport } from "../state/types";
-import { concat } from "./client-stream";
-import { ErrorEventGate, type EngineError, type GateRead } from "./error-event-gate";
-import { CompletenessJudge, type Completeness } from "./sse-scan";
-import type { ChunkRewriter } from "./stream";
+import type { EngineError } from "./engine-error";
+import { joinBytes, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type SseReader, type DataRewrite, type SseRead } from "./sse-reader";
 import { redact, statusOutcome, type Leg, type UpstreamFailure } from "./upstream";
 
 /**
@@ -22,7 +20,7 @@ export type StreamEnd =
 /** One read of a source: D's next bytes (rewritten where they must be), or how the stream ended. */
 export type SourceRead =
   | { done: false; bytes: Uint8Array }
-  /** `bytes`: what D sent last (a rewriter's held line); `error`: the SSE error event to end the client's stream with, or none */
+  /** `bytes`: what D sent last (a held line); `error`: the SSE error event to end the client's stream with, or none */
   | { done: true; end: StreamEnd; bytes: Uint8Array; error: Uint8Array };
 
 export interface DecodeSourceOptions {
@@ -30,7 +28,10 @@ export interface DecodeSourceOptions {
   reader: ReadableStreamDefaultReader<Uint8Array>;
   /** D's first body bytes, already read (the status line waited for them) */
   first: Uint8Array;
-  rewriter: ChunkRewriter | null;
+  /** D's data lines as the client must see them (its usage from P's counts), or null */
+  rewrite: DataRewrite | null;
+  /** sees every byte that goes on to the client (a Responses stream's id) */
+  watch?: (bytes: Uint8Array) => void;
   /** longest silence from D between body bytes while the client waits */
   idleMs: number;
   /** what a complete stream ends with; a stream that ends cleanly without it was cut */
@@ -44,6 +45,35 @@ export interface DecodeSourceOptions {
 const EMPTY = new Uint8Array(0);
 const encoder = new TextEncoder();
 
+type Failure = StreamEnd & { outcome: "failure" };
+
+/** The stream's end as a failure: how the log line tells it, and the error event that ends the client's stream. */
+const failed = (bytes: Uint8Array, end: Omit<Failure, "outcome" | "timeout"> & { timeout?: boolean }, message: string, code: string, type?: ErrorType): SourceRead => ({
+  done: true,
+  end: { outcome: "failure", timeout: false, ...end },
+  bytes,
+  error: encoder.encode(sseErrorEvent(message, code, type)),
+});
+
+/** The stream's end when nothing more goes to the client. */
+const endedWith = (end: StreamEnd): SourceRead => ({ done: true, end, bytes: EMPTY, error: EMPTY });
+
+/** D's stream as a source of client bytes. */
+export interface DecodeSource {
+  /** D's node id */
+  readonly node: string;
+  /** D's data lines are rewritten further, after the source's own rewrite (a batch renumbers them). Before the first read. */
+  rewriteAlso(next: DataRewrite): void;
+  /** D's next bytes, or how its stream ended. */
+  next(): Promise<SourceRead>;
+  /** The watchdog's tick: D silent for idleMs while a read waits fails the read as idle. */
+  checkIdle(now: number): void;
+  /** The consumer stops: D's leg is closed and the stream ends with `end` (unless it ended already). */
+  cancel(end: StreamEnd): void;
+  /** Reports how the stream ended, once; D's leg is done. */
+  end(end: StreamEnd): void;
+}
+
 /**
  * D's SSE body, pulled one chunk at a time by whoever writes to the client (one stream's relay,
  * or a batch's merge): nothing is read from D before the client wants more, so a client that
@@ -53,106 +83,39 @@ const encoder = new TextEncoder();
  * failure; `cancel` closes D's leg when the consumer stops (the client left, stalled, or a
  * batch failed). `end` reports exactly once.
  */
-export class DecodeSource {
-  private first: Uint8Array | null;
-  private readonly judge: CompletenessJudge;
-  /** finds an error event D writes inside its stream, and keeps it (and what follows) from the client */
-  private readonly gate = new ErrorEventGate();
-  /** the error D reported inside its stream, once its event was read */
-  private engineError: EngineError | null = null;
+export function decodeSource(o: DecodeSourceOptions): DecodeSource {
+  const { leg, reader, completeness: rule } = o;
+  const node = leg.node;
+  let first: Uint8Array | null = o.first;
+  /** reads D's events: its error event (kept from the client), completeness, the lines to rewrite */
+  let sse: SseReader = sseReader(rule, o.rewrite);
   /** when D last gave a chunk (or the relay began) */
-  private lastChunkAt = Date.now();
+  let lastChunkAt = Date.now();
   /** a read from D is pending */
-  private reading = false;
-  private idle = false;
+  let reading = false;
+  let idle = false;
   /** the consumer cancelled: every later read answers this */
-  private cancelled: StreamEnd | null = null;
-  private ended = false;
+  let cancelled: StreamEnd | null = null;
+  let ended = false;
 
-  constructor(private readonly o: DecodeSourceOptions) {
-    this.first = o.first;
-    this.judge = new CompletenessJudge(o.completeness);
-  }
+  /** The rest of D's answer is not wanted. */
+  const stopLeg = (why: string) => {
+    leg.abort(why);
+    reader.cancel().catch(() => undefined);
+  };
 
-  get node(): string {
-    return this.o.leg.node;
-  }
-
-  async next(): Promise<SourceRead> {
-    if (this.first) {
-      const first = this.first;
-      this.first = null;
-      return this.passed(this.pass(this.gate.feed(first)));
-    }
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    let chunk: ReadableStreamReadResult<Uint8Array>;
-    this.reading = true;
-    try {
-      chunk = await this.o.reader.read();
-    } catch (err) {
-      return this.readFailed(err);
-    } finally {
-      this.reading = false;
-    }
-    this.lastChunkAt = Date.now();
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    if (!chunk.done) return this.passed(this.pass(this.gate.feed(chunk.value)));
-    const last = this.pass(this.gate.end());
-    const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
-    if (this.engineError) return this.engineFailed(this.engineError, concat(last, held));
-    if (this.judge.end()) return { done: true, end: { outcome: "ok" }, bytes: concat(last, held), error: EMPTY };
-    const markers = this.o.completeness.kind === "done" ? "data: [DONE]" : this.o.completeness.types.join(" or ");
-    return {
-      done: true,
-      end: { outcome: "failure", blame: "decode", timeout: false, error: `decode node ${this.node} ended its stream without ${markers}` },
-      bytes: concat(last, held),
-      error: encoder.encode(sseErrorEvent("the decode node ended its stream before it was complete", "upstream_stream_incomplete")),
-    };
-  }
-
-  /** The watchdog's tick: D silent for idleMs while a read waits fails the read as idle. */
-  checkIdle(now: number): void {
-    if (this.reading && !this.idle && !this.ended && now - this.lastChunkAt > this.o.idleMs) {
-      this.idle = true;
-      this.o.leg.abort("decode idle timeout");
-    }
-  }
-
-  /** The consumer stops: D's leg is closed and the stream ends with `end` (unless it ended already). */
-  cancel(end: StreamEnd): void {
-    if (this.ended) return;
-    this.cancelled = end;
-    this.o.leg.abort(end.outcome === "failure" ? "batch failed" : "client went away");
-    this.o.reader.cancel().catch(() => undefined);
-    this.end(end);
-  }
-
-  /** Reports how the stream ended, once; D's leg is done. */
-  end(end: StreamEnd): void {
-    if (this.ended) return;
-    this.ended = true;
-    this.o.leg.close();
-    this.o.onEnd(end);
-  }
-
-  get isEnded(): boolean {
-    return this.ended;
-  }
-
-  /** What the gate let through goes on (judged, rewritten); an error event it found is kept for `passed`. */
-  private pass(read: GateRead): Uint8Array {
-    if (read.error) this.engineError = read.error;
-    if (!read.pass.byteLength) return EMPTY;
-    this.judge.feed(read.pass);
-    return this.o.rewriter ? this.o.rewriter.chunk(read.pass) : read.pass;
-  }
-
-  /** The bytes of one read from D, or the stream's end when D reported an error in it. */
-  private passed(bytes: Uint8Array): SourceRead {
-    if (!this.engineError) return { done: false, bytes };
-    const held = this.o.rewriter ? this.o.rewriter.flush() : EMPTY;
-    return this.engineFailed(this.engineError, concat(bytes, held));
-  }
+  /** sglang, vllm-mooncake: P failed after D's first byte (and D's leg was aborted for it, or D reported the transfer failed): P's failure. */
+  const partnerFailed = (bytes: Uint8Array, said?: string): SourceRead | null => {
+    const partner = o.partnerFailure?.();
+    if (!partner) return null;
+    const error = said ? `${partner.message}; ${said}` : partner.message;
+    return failed(
+      bytes,
+      { blame: "prefill", timeout: partner.kind === "timeout", error, prefill: partner.report() },
+      "the prefill node failed while the answer streamed",
+      "upstream_prefill_failed",
+    );
+  };
 
   /**
    * D reported an error inside its stream after the answer began (an error as the first event
@@ -161,71 +124,109 @@ export class DecodeSource {
    * it was follows the status D gave it, as for a status line (upstream.ts `statusOutcome`), or
    * P's when P failed meanwhile (sglang, vllm-mooncake).
    */
-  private engineFailed(err: EngineError, bytes: Uint8Array): SourceRead {
+  const engineFailed = (err: EngineError, bytes: Uint8Array): SourceRead => {
     // the rest of D's answer (its [DONE]) is not wanted
-    this.o.leg.abort("error event");
-    this.o.reader.cancel().catch(() => undefined);
-    const said = `decode node ${this.node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, this.o.leg.call.node.access.token)}`;
-    const failed = (end: StreamEnd & { outcome: "failure" }, event: string): SourceRead => ({ done: true, end, bytes, error: encoder.encode(event) });
-    const partner = this.o.partnerFailure?.();
-    if (partner) {
-      return failed(
-        { outcome: "failure", blame: "prefill", timeout: partner.kind === "timeout", error: `${partner.message}; ${said}`, prefill: partner.report() },
-        sseErrorEvent("the prefill node failed while the answer streamed", "upstream_prefill_failed"),
-      );
-    }
+    stopLeg("error event");
+    const reason = redact(err.message, leg.call.node.access.token);
+    const error = `decode node ${node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${reason}`;
     // no status: SGLang's native /generate, which writes one only for a ValueError (the request's validation)
     const status = err.status ?? 400;
-    switch (statusOutcome(status, "engine")) {
-      case "client_error":
-        return failed(
-          { outcome: "failure", blame: "client", timeout: false, error: said, status },
-          sseErrorEvent(redact(err.message, this.o.leg.call.node.access.token), "upstream_rejected", "invalid_request_error"),
-        );
-      case "busy":
-        return failed(
-          { outcome: "failure", blame: "busy", timeout: false, error: said, status: 503 },
-          sseErrorEvent("the decode node is busy and stopped this answer", "upstream_busy"),
-        );
-      case "failure":
-        return failed(
-          { outcome: "failure", blame: "decode", timeout: false, error: said },
-          sseErrorEvent("the decode node reported an error while streaming", "upstream_stream_error"),
-        );
-    }
-  }
+    const outcome = statusOutcome(status, "engine");
+    return (
+      partnerFailed(bytes, error) ??
+      (outcome === "client_error"
+        ? failed(bytes, { blame: "client", error, status }, reason, "upstream_rejected", "invalid_request_error")
+        : outcome === "busy"
+          ? failed(bytes, { blame: "busy", error, status: 503 }, "the decode node is busy and stopped this answer", "upstream_busy")
+          : failed(bytes, { blame: "decode", error }, "the decode node reported an error while streaming", "upstream_stream_error"))
+    );
+  };
 
-  private readFailed(err: unknown): SourceRead {
-    if (this.cancelled) return { done: true, end: this.cancelled, bytes: EMPTY, error: EMPTY };
-    const failed = (end: StreamEnd & { outcome: "failure" }, message: string, code: string): SourceRead => ({
-      done: true,
-      end,
-      bytes: EMPTY,
-      error: encoder.encode(sseErrorEvent(message, code)),
-    });
-    // P failed after D's first byte and D's leg was aborted for it: not the client leaving
-    const partner = this.o.partnerFailure?.();
-    if (partner) {
-      return failed(
-        { outcome: "failure", blame: "prefill", timeout: partner.kind === "timeout", error: partner.message, prefill: partner.report() },
-        "the prefill node failed while the answer streamed",
-        "upstream_prefill_failed",
-      );
+  /** What the reader let through, or how the stream ended: an error event in it, a line too long to rewrite, or (`done`) complete or cut. */
+  const passed = (read: SseRead, done: boolean): SourceRead => {
+    const bytes = read.pass;
+    o.watch?.(bytes);
+    if (read.error) return engineFailed(read.error, bytes);
+    if (sse.tooLong) {
+      stopLeg("line too long");
+      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, which must be rewritten to be relayed`;
+      return failed(bytes, { blame: "none", error }, "an event too large to merge into a batched stream", "batch_event_too_large");
     }
-    if (this.o.leg.requestEnded && !this.idle) return { done: true, end: { outcome: "aborted", error: "client disconnected" }, bytes: EMPTY, error: EMPTY };
-    if (this.idle) {
+    if (!done) return { done, bytes };
+    if (sse.complete) return { done, end: { outcome: "ok" }, bytes, error: EMPTY };
+    const error = `decode node ${node} ended its stream without ${rule.kind === "done" ? "data: [DONE]" : rule.types.join(" or ")}`;
+    return failed(bytes, { blame: "decode", error }, "the decode node ended its stream before it was complete", "upstream_stream_incomplete");
+  };
+
+  const readFailed = (err: unknown): SourceRead => {
+    if (cancelled) return endedWith(cancelled);
+    // P failed after D's first byte and D's leg was aborted for it: not the client leaving
+    const partner = partnerFailed(EMPTY);
+    if (partner) return partner;
+    if (idle)
       return failed(
-        { outcome: "failure", blame: "decode", timeout: true, error: `decode node ${this.node} sent nothing for ${this.o.idleMs} ms` },
+        EMPTY,
+        { blame: "decode", timeout: true, error: `decode node ${node} sent nothing for ${o.idleMs} ms` },
         "the decode node stopped sending",
         "upstream_idle_timeout",
       );
-    }
+    if (leg.requestEnded) return endedWith({ outcome: "aborted", error: "client disconnected" });
     return failed(
-      { outcome: "failure", blame: "decode", timeout: false, error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` },
+      EMPTY,
+      { blame: "decode", error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` },
       "the decode node failed while streaming",
       "upstream_stream_error",
     );
-  }
+  };
+
+  const source: DecodeSource = {
+    node,
+    rewriteAlso(next) {
+      const own = o.rewrite;
+      const line = (v: string) => {
+        const mine = own ? own.line(v) : v;
+        return mine === null ? null : next.line(mine);
+      };
+      sse = sseReader(rule, { line, required: next.required });
+    },
+    async next() {
+      const bytes = first;
+      first = null;
+      if (bytes) return passed(sse.feed(bytes), false);
+      if (cancelled) return endedWith(cancelled);
+      let chunk: ReadableStreamReadResult<Uint8Array>;
+      reading = true;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        return readFailed(err);
+      } finally {
+        reading = false;
+      }
+      lastChunkAt = Date.now();
+      if (cancelled) return endedWith(cancelled);
+      return chunk.done ? passed(sse.end(), true) : passed(sse.feed(chunk.value), false);
+    },
+    checkIdle(now) {
+      if (reading && !idle && !ended && now - lastChunkAt > o.idleMs) {
+        idle = true;
+        leg.abort("decode idle timeout");
+      }
+    },
+    cancel(end) {
+      if (ended) return;
+      cancelled = end;
+      stopLeg(end.outcome === "failure" ? "batch failed" : "client went away");
+      source.end(end);
+    },
+    end(end) {
+      if (ended) return;
+      ended = true;
+      leg.close();
+      o.onEnd(end);
+    },
+  };
+  return source;
 }
 
 /** Bytes of D's stream read at most before the status line goes out, when its first event is still undecided. */
@@ -240,7 +241,7 @@ export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
  * out anyway. Returns the bytes read, which the DecodeSource relays first.
  */
 export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): Promise<Uint8Array> {
-  const gate = new ErrorEventGate();
+  const sse = sseReader({ kind: "done" });
   const parts: Uint8Array[] = [];
   let bytes = 0;
   for (;;) {
@@ -252,7 +253,7 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     }
     if (read.done) {
       if (!bytes) throw leg.protocolFailure("ended its stream without a byte");
-      const last = gate.end();
+      const last = sse.end();
       if (last.error) throw leg.errorEventFailure(last.error);
       break;
     }
@@ -261,10 +262,10 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     leg.deadline(idleMs, `sent nothing for ${idleMs} ms inside its first event`);
     parts.push(read.value);
     bytes += read.value.byteLength;
-    const g = gate.feed(read.value);
+    const g = sse.feed(read.value);
     if (g.error) throw leg.errorEventFailure(g.error);
-    if (gate.firstSettled || bytes >= FIRST_EVENT_MAX_BYTES) break;
+    if (sse.settled || bytes >= FIRST_EVENT_MAX_BYTES) break;
   }
   leg.clearDeadline();
-  return parts.length === 1 ? parts[0]! : parts.reduce(concat);
+  return joinBytes(parts);
 }

@@ -1,6 +1,7 @@
 import type { LegReport } from "../state/types";
 import { withFields } from "./body";
 import { asFailure, decodeAttempt, failOver, sendLeg, type DecodeAnswer, type ForwardContext } from "./pipeline";
+import { sseReader } from "./sse-reader";
 import type { Leg, UpstreamFailure, UpstreamNode } from "./upstream";
 
 // SGLang PD disaggregation: P and D get the same body plus a bootstrap room and are sent at
@@ -65,22 +66,11 @@ export function runConcurrentPrefill(
     });
 }
 
-/** The message of the first SSE `data:` event of `text` that carries a top-level `error`, or null. */
-export function streamErrorOf(text: string): string | null {
-  if (!text.includes('"error"')) return null;
-  for (const line of text.split("\n")) {
-    if (!line.startsWith("data:") || !line.includes('"error"')) continue;
-    try {
-      const event = JSON.parse(line.slice(5)) as { error?: unknown };
-      if (event && typeof event === "object" && event.error) {
-        const message = (event.error as { message?: unknown }).message;
-        return typeof message === "string" ? message.slice(0, 300) : "error";
-      }
-    } catch {
-      // not JSON: not an error event
-    }
-  }
-  return null;
+/** The error event in P's streamed answer (SGLang writes one when it aborted the request), read by the one SSE reader; null when none. */
+function streamErrorOf(text: string): string | null {
+  const reader = sseReader({ kind: "done" });
+  const error = reader.feed(new TextEncoder().encode(text)).error ?? reader.end().error;
+  return error?.message ?? null;
 }
 
 /** The bodies of one concurrent attempt, and what to do with P's answer when it arrives. */

@@ -1,100 +1,13 @@
 import { editMembers } from "./json-text";
+import type { DataRewrite } from "./sse-reader";
 
-// Rewriting a decode stream where the client's usage must show P's counts, and the usage
-// arithmetic itself. Relaying the stream: decode-source.ts (D's side), client-stream.ts (the
-// client's side), batch.ts (several prompts merged).
+// The client's usage: what P's counts make of D's, in a whole answer or in a stream's usage line
+// (the stream itself is read by sse-reader.ts).
 
-/** Rewrites a stream's bytes chunk by chunk; `flush` returns what it still holds at the end. */
-export interface ChunkRewriter {
-  chunk(bytes: Uint8Array): Uint8Array;
-  flush(): Uint8Array;
-}
-
-const encoder = new TextEncoder();
-
-/** Lines longer than this are passed on without being held for rewriting (a D that never sends a newline). */
-export const MAX_REWRITE_LINE_BYTES = 1 << 20;
-
-const NEWLINE = 0x0a;
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  if (parts.length === 1) return parts[0]!;
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.byteLength;
-  }
-  return out;
-}
-
-/**
- * Rewrites the SSE `data:` lines that carry a usage object, passing every other byte through.
- * Linear in the bytes: each byte is looked at once when its line completes; a partial line is
- * held (as chunks, never re-concatenated) up to MAX_REWRITE_LINE_BYTES, past which it flows on
- * unchanged. Chunks without a `"usage"` are forwarded as the same bytes.
- */
-export function sseUsageRewriter(fix: (usage: Record<string, unknown>) => void): ChunkRewriter {
-  const decoder = new TextDecoder();
-  let held: Uint8Array[] = [];
-  let heldBytes = 0;
-  /** the current line outgrew the limit: pass it through up to its newline */
-  let passing = false;
-  const rewriteText = (bytes: Uint8Array): Uint8Array => {
-    const text = decoder.decode(bytes);
-    if (!text.includes('"usage"')) return bytes;
-    return encoder.encode(
-      text
-        .split("\n")
-        .map((line) => rewriteUsageLine(line, fix))
-        .join("\n"),
-    );
-  };
-  return {
-    chunk(bytes) {
-      const nl = bytes.lastIndexOf(NEWLINE);
-      if (nl < 0) {
-        if (passing) return bytes;
-        held.push(bytes);
-        heldBytes += bytes.byteLength;
-        if (heldBytes <= MAX_REWRITE_LINE_BYTES) return new Uint8Array(0);
-        passing = true;
-        const out = concat(held);
-        held = [];
-        heldBytes = 0;
-        return out;
-      }
-      const head = bytes.subarray(0, nl + 1);
-      const rest = bytes.subarray(nl + 1);
-      let out: Uint8Array;
-      if (passing) {
-        // the over-long line ends at the first newline; the lines after it are rewritten as usual
-        const first = head.indexOf(NEWLINE);
-        out = concat([head.subarray(0, first + 1), rewriteText(head.subarray(first + 1))]);
-        passing = false;
-      } else {
-        out = rewriteText(held.length ? concat([...held, head]) : head);
-      }
-      held = rest.byteLength ? [rest] : [];
-      heldBytes = rest.byteLength;
-      return out;
-    },
-    flush() {
-      const out = held.length ? (passing ? concat(held) : rewriteText(concat(held))) : new Uint8Array(0);
-      held = [];
-      heldBytes = 0;
-      return out;
-    },
-  };
-}
-
-/** Rewrites one SSE `data:` line whose JSON carries a usage object; the rest of the line is kept byte for byte. */
-export function rewriteUsageLine(line: string, fix: (usage: Record<string, unknown>) => void): string {
-  if (!line.startsWith("data:") || !line.includes('"usage"')) return line;
-  const json = line.slice(5).trim();
-  const fixed = fixUsageInBody(json, fix);
-  return fixed === json ? line : `data: ${fixed}`;
-}
+/** A stream's data lines with the usage fixed: only a line carrying `"usage"` is parsed, every other byte kept. */
+export const usageRewrite = (fix: (usage: Record<string, unknown>) => void): DataRewrite => ({
+  line: (value) => (value.includes('"usage"') ? fixUsageInBody(value, fix) : value),
+});
 
 /**
  * The member of a completion object (or Responses API event) that holds the usage: `usage`

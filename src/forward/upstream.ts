@@ -1,7 +1,7 @@
 import type { Role } from "../routing/types";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
-import type { EngineError } from "./error-event-gate";
+import type { EngineError } from "./engine-error";
 import type { NodeAccess } from "./node-fetch";
 
 /** A node as the forwarding code needs it. */
@@ -158,13 +158,13 @@ export class Leg {
   response!: Response;
   /** ms until the response headers arrived */
   ms = 0;
-  private timer: ReturnType<typeof setTimeout> | undefined;
-  private timedOut: string | null = null;
-  private readonly onRequestAbort = () => this.controller.abort("request ended");
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #timedOut: string | null = null;
+  readonly #onRequestAbort = () => this.controller.abort("request ended");
 
   private constructor(readonly call: LegCall) {
     if (call.signal.aborted) this.controller.abort("request ended");
-    else call.signal.addEventListener("abort", this.onRequestAbort, { once: true });
+    else call.signal.addEventListener("abort", this.#onRequestAbort, { once: true });
   }
 
   get node(): string {
@@ -199,22 +199,22 @@ export class Leg {
       const status = response.status;
       const text = statusOutcome(status, answeredByOf(response.headers)) === "client_error" ? await leg.text().catch(() => "") : "";
       leg.abort("rejected");
-      throw leg.statusFailure(status, text, response.headers);
+      throw leg.#statusFailure(status, text, response.headers);
     }
     return leg;
   }
 
   /** Sets the time left for the current phase; past it the leg is aborted and reads fail as a timeout. */
   deadline(ms: number, what: string): void {
-    clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
-      this.timedOut = what;
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => {
+      this.#timedOut = what;
       this.controller.abort("upstream timeout");
     }, ms);
   }
 
   clearDeadline(): void {
-    clearTimeout(this.timer);
+    clearTimeout(this.#timer);
   }
 
   /** Reads the whole body (under the current deadline). */
@@ -230,13 +230,13 @@ export class Leg {
   failure(err: unknown, kind: FailureKind, what: string): UpstreamFailure {
     if (err instanceof UpstreamFailure) return err;
     const { leg, node } = this.call;
-    if (this.timedOut) return new UpstreamFailure(leg, node.id, "timeout", `${leg} node ${node.id} ${this.timedOut}`, null, null, null, null, this.response !== undefined);
+    if (this.#timedOut) return new UpstreamFailure(leg, node.id, "timeout", `${leg} node ${node.id} ${this.#timedOut}`, null, null, null, null, this.response !== undefined);
     if (this.call.signal.aborted) return new UpstreamFailure(leg, node.id, "aborted", "the request ended");
     return new UpstreamFailure(leg, node.id, kind, `${leg} node ${node.id} ${what}: ${(err as Error)?.message ?? String(err)}`);
   }
 
   /**
-   * The node answered 200 and then an error event as its stream's first event (error-event-gate.ts):
+   * The node answered 200 and then an error event as its stream's first event (sse-reader.ts):
    * nothing reached the client, so it is handled as the status the engine gave the error — a
    * refusal passed on, a busy node, or a node failure to fail over from. No status: SGLang's
    * /generate, which writes none only for a ValueError (the request's validation): a 400.
@@ -256,7 +256,7 @@ export class Leg {
     return new UpstreamFailure(this.call.leg, this.node, "protocol", `${this.call.leg} node ${this.node} ${what}`);
   }
 
-  private statusFailure(status: number, text: string, headers: Headers): UpstreamFailure {
+  #statusFailure(status: number, text: string, headers: Headers): UpstreamFailure {
     const { leg, node } = this.call;
     // An engine's own refusal is JSON (vLLM's ErrorResponse, SGLang's ORJSONResponse); a proxy,
     // a tunnel, an Access login or a redirect in front of it answers something else.
@@ -278,8 +278,8 @@ export class Leg {
 
   /** Stops the deadline and detaches from the request's signal (the leg's work is done). */
   close(): void {
-    clearTimeout(this.timer);
-    this.call.signal.removeEventListener("abort", this.onRequestAbort);
+    clearTimeout(this.#timer);
+    this.call.signal.removeEventListener("abort", this.#onRequestAbort);
   }
 }
 

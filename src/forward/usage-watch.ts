@@ -1,6 +1,6 @@
 import { memberText } from "./json-text";
 import { prefillUsageOf } from "./stream";
-import type { ChunkRewriter } from "./stream";
+import type { DataRewrite } from "./sse-reader";
 
 // The usage of an answer the router does not rewrite (a node that prefilled alone: colocated, a
 // local prefill, a pinned turn), read for cache-hit feedback: prompt tokens and cached tokens.
@@ -10,9 +10,6 @@ export interface AnswerUsage {
   promptTokens: number;
   cachedTokens: number;
 }
-
-/** Longest SSE line looked into for a usage object; past it the line is passed over (bounded memory). */
-const MAX_LINE_CHARS = 1 << 20;
 
 /** An answer's usage object (chat, completions or Responses shape) as counts; null without prompt tokens. */
 export function usageCounts(holder: Record<string, unknown>): AnswerUsage | null {
@@ -31,11 +28,10 @@ export function jsonAnswerUsage(text: string): AnswerUsage | null {
   }
 }
 
-/** One SSE line's usage, when it is a `data:` JSON event carrying one (`usage`, or `response.usage` in Responses events). */
-function lineUsage(line: string): AnswerUsage | null {
-  if (!line.startsWith("data:")) return null;
+/** One SSE data line's usage, when its value is a JSON event carrying one (`usage`, or `response.usage` in Responses events). */
+function dataUsage(value: string): AnswerUsage | null {
   try {
-    const event = JSON.parse(line.slice(5)) as { usage?: unknown; response?: { usage?: unknown } } | null;
+    const event = JSON.parse(value) as { usage?: unknown; response?: { usage?: unknown } } | null;
     if (!event || typeof event !== "object") return null;
     if (event.usage && typeof event.usage === "object") return usageCounts({ usage: event.usage });
     if (event.response?.usage && typeof event.response.usage === "object") return usageCounts({ usage: event.response.usage });
@@ -46,44 +42,17 @@ function lineUsage(line: string): AnswerUsage | null {
 }
 
 /**
- * Watches a stream for its usage frame and reports the last one seen; every byte passes on
- * unchanged. Only lines containing `"usage"` are parsed; a line held for that is at most 1 MB.
+ * Watches a stream's data lines for its usage frame (the shared SSE reader hands them over, each
+ * held at most MAX_DATA_LINE_BYTES) and reports the last one seen; every line passes unchanged.
  */
-export function sseUsageObserver(onUsage: (usage: AnswerUsage) => void): ChunkRewriter {
-  const decoder = new TextDecoder();
-  let line = "";
-  let skipping = false;
-  const inspect = () => {
-    if (!skipping && line.includes('"usage"')) {
-      const usage = lineUsage(line.trim());
-      if (usage) onUsage(usage);
-    }
-    line = "";
-    skipping = false;
-  };
+export function usageObserver(onUsage: (usage: AnswerUsage) => void): DataRewrite {
   return {
-    chunk(bytes) {
-      const text = decoder.decode(bytes, { stream: true });
-      let start = 0;
-      for (;;) {
-        const nl = text.indexOf("\n", start);
-        if (nl < 0) {
-          if (!skipping) line += text.slice(start);
-          if (line.length > MAX_LINE_CHARS) {
-            line = "";
-            skipping = true;
-          }
-          return bytes;
-        }
-        if (!skipping) line += text.slice(start, nl);
-        inspect();
-        start = nl + 1;
+    line(value) {
+      if (value.includes('"usage"')) {
+        const usage = dataUsage(value);
+        if (usage) onUsage(usage);
       }
-    },
-    flush() {
-      line += decoder.decode();
-      inspect();
-      return new Uint8Array(0);
+      return value;
     },
   };
 }

@@ -7,14 +7,14 @@ import type { Env } from "../env";
 import { badRequest, RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
 import { forwardLocalPrefill } from "../forward/local-prefill";
-import { jsonAnswerUsage, sseUsageObserver, type AnswerUsage } from "../forward/usage-watch";
+import { jsonAnswerUsage, usageObserver, type AnswerUsage } from "../forward/usage-watch";
 import { RequestLife, type Ending } from "../forward/lifecycle";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { forwardSglang } from "../forward/sglang";
-import { fixUsage, fixUsageInBody, sseUsageRewriter, type ChunkRewriter } from "../forward/stream";
-import { DecodeSource, type StreamEnd } from "../forward/decode-source";
+import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
+import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
-import type { Completeness } from "../forward/sse-scan";
+import type { Completeness } from "../forward/sse-reader";
 import { chargeRateLimit } from "../auth/client-access";
 import { nodeAccess } from "../forward/node-fetch";
 import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../forward/upstream";
@@ -320,22 +320,17 @@ function rememberResponse(life: RequestLife, text: string): void {
   if (id) life.rememberAs(sha256Hex(responseKeyMaterial(id).material));
 }
 
-/** Reads a Responses stream's opening bytes (response.created) for its id, however D's chunks split them; every byte passes on. */
-function responseIdWatcher(life: RequestLife, inner: ChunkRewriter | null): ChunkRewriter {
+/** Reads a Responses stream's opening bytes (response.created) for its id, however D's chunks split them. */
+function responseIdWatcher(life: RequestLife): (bytes: Uint8Array) => void {
   const decoder = new TextDecoder();
   let seen: string | null = "";
-  return {
-    chunk(bytes) {
-      if (seen !== null) {
-        seen += decoder.decode(bytes, { stream: true });
-        if (RESPONSE_ID.test(seen) || seen.length > 65536) {
-          rememberResponse(life, seen);
-          seen = null;
-        }
-      }
-      return inner ? inner.chunk(bytes) : bytes;
-    },
-    flush: () => (inner ? inner.flush() : new Uint8Array(0)),
+  return (bytes) => {
+    if (seen === null) return;
+    seen += decoder.decode(bytes, { stream: true });
+    if (RESPONSE_ID.test(seen) || seen.length > 65536) {
+      rememberResponse(life, seen);
+      seen = null;
+    }
   };
 }
 
@@ -382,12 +377,13 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
     }
   };
   // its stream's usage frame, when the client asked for one, is watched (never changed)
-  const watch = alone && streamHasUsage(kind, body) ? sseUsageObserver((u) => (seen = u)) : null;
-  const source = new DecodeSource({
+  const watch = alone && streamHasUsage(kind, body) ? usageObserver((u) => (seen = u)) : null;
+  const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewriter: kind === "responses" ? responseIdWatcher(life, fix ? sseUsageRewriter(fix) : watch) : fix && streamHasUsage(kind, body) ? sseUsageRewriter(fix) : watch,
+    rewrite: fix && (kind === "responses" || streamHasUsage(kind, body)) ? usageRewrite(fix) : watch,
+    ...(kind === "responses" ? { watch: responseIdWatcher(life) } : {}),
     idleMs: config.timeouts.decodeIdleMs,
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),

@@ -94,7 +94,7 @@ describe("8. SSE rewriting stays linear and bounded: huge lines pass through", (
     clearInterval(sampler);
     expect(ended).toBe(true);
     expect(client.bytes).toBeGreaterThan(MB48);
-    // the router holds at most MAX_REWRITE_LINE_BYTES (1 MB) of a line; what it passes on is not kept
+    // the router holds at most MAX_DATA_LINE_BYTES (1 MB) of a line; what it passes on is not kept
     expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
     console.info(`[8b] 48 MB without a newline: RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
     await expectReleased(rig, 2000);

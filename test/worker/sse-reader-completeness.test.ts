@@ -1,6 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { CompletenessJudge, JsonTypeScan, SseScanner, type SseEventInfo } from "../../src/forward/sse-scan";
+import { jsonTypeScan, sseReader, type Completeness } from "../../src/forward/sse-reader";
+import { feedReader } from "../support/sse-feed";
 
 // Issue 19 item 5: whether a stream that ended cleanly was complete is decided on its parsed SSE
 // events — incrementally, in constant memory, whatever the chunking, the line endings, the
@@ -8,33 +9,14 @@ import { CompletenessJudge, JsonTypeScan, SseScanner, type SseEventInfo } from "
 
 const enc = new TextEncoder();
 const END_TYPES = ["response.completed", "response.incomplete", "response.failed"];
+const TYPES = ["response.created", "response.output_text.delta", "response.in_progress"];
 
-/** Feeds `text` to a fresh scanner in the pieces `cuts` make; returns the events it reported. */
-function scan(text: string, cuts: number[], typed = true, end = true): SseEventInfo[] {
-  const events: SseEventInfo[] = [];
-  const s = new SseScanner((e) => events.push(e), typed);
-  const bytes = enc.encode(text);
-  let at = 0;
-  for (const c of [...cuts.filter((x) => x > 0 && x < bytes.length)].sort((a, b) => a - b)) {
-    s.feed(bytes.subarray(at, c));
-    at = c;
-  }
-  s.feed(bytes.subarray(at));
-  if (end) s.end();
-  return events;
+/** Whether the stream in `text`, fed in the pieces `cuts` make, counts as complete under `rule`. */
+function judge(rule: Completeness, text: string, cuts: number[] = []): boolean {
+  return feedReader(text, cuts, rule).complete;
 }
-
-function judge(rule: ConstructorParameters<typeof CompletenessJudge>[0], text: string, cuts: number[] = []): boolean {
-  const j = new CompletenessJudge(rule);
-  const bytes = enc.encode(text);
-  let at = 0;
-  for (const c of [...cuts.filter((x) => x > 0 && x < bytes.length)].sort((a, b) => a - b)) {
-    j.feed(bytes.subarray(at, c));
-    at = c;
-  }
-  j.feed(bytes.subarray(at));
-  return j.end();
-}
+/** Whether an event of `type` is among the stream's events (an event's type: its `event:` line, else its data's top-level "type"). */
+const hasEvent = (type: string, text: string, cuts: number[] = []) => judge({ kind: "events", types: [type] }, text, cuts);
 
 type Ev = { type: string; payload: Record<string, unknown> };
 const deltaText = fc.oneof(fc.string(), fc.constantFrom("response.completed", '"type":"response.completed"', "event: response.completed", "data: [DONE]", "\\n\\n", "ü€😀"));
@@ -54,42 +36,42 @@ const framing = fc.constantFrom("event-lines" as const, "data-only" as const);
 const eol = fc.constantFrom("\n", "\r\n", "\r");
 const cuts = fc.array(fc.nat({ max: 400_000 }), { maxLength: 12 });
 
-describe("SseScanner: the same events whatever the chunking", () => {
-  it("reports each event's type, in both framings, with any line ending", () => {
+describe("sseReader: each event's type, whatever the chunking", () => {
+  it("finds every event's type, in both framings, with any line ending, and no other", () => {
     fc.assert(
       fc.property(events, framing, eol, cuts, (evs, f, e, c) => {
         const text = evs.map((x) => frame(x, f, e)).join("");
-        expect(scan(text, c).map((x) => x.type)).toEqual(evs.map((x) => x.type));
+        for (const t of TYPES) expect(hasEvent(t, text, c)).toBe(evs.some((x) => x.type === t));
       }),
     );
   });
 
   it("an `event:` line wins over the data's type; comments, ids and unknown fields are ignored", () => {
     const text = ': ping\nid: 7\nretry: 10\nevent: a\ndata: {"type":"b"}\n\ndata: {"type":"c"}\nfoo: bar\n\n:\n\n';
-    expect(scan(text, [])).toEqual([
-      { type: "a", done: false },
-      { type: "c", done: false },
-    ]);
+    expect(["a", "b", "c", "ping", "7", "bar"].filter((t) => hasEvent(t, text))).toEqual(["a", "c"]);
   });
 
   it("a data-only event's type counts only when its JSON object is complete and the type is top-level", () => {
-    expect(scan('data: {"type":"x"\n\n', []).map((e) => e.type)).toEqual([null]);
-    expect(scan('data: {"a":{"type":"x"}}\n\n', []).map((e) => e.type)).toEqual([null]);
-    expect(scan('data: {"a":{"type":"x"},"type":"y"}\n\n', []).map((e) => e.type)).toEqual(["y"]);
-    expect(scan('data: {"a":"\\"type\\":\\"x\\"","type" : "z"}\n\n', []).map((e) => e.type)).toEqual(["z"]);
+    expect(hasEvent("x", 'data: {"type":"x"\n\n')).toBe(false);
+    expect(hasEvent("x", 'data: {"a":{"type":"x"}}\n\n')).toBe(false);
+    expect(hasEvent("y", 'data: {"a":{"type":"x"},"type":"y"}\n\n')).toBe(true);
+    expect(hasEvent("x", 'data: {"a":{"type":"x"},"type":"y"}\n\n')).toBe(false);
+    expect(hasEvent("z", 'data: {"a":"\\"type\\":\\"x\\"","type" : "z"}\n\n')).toBe(true);
+    expect(hasEvent("x", 'data: {"a":"\\"type\\":\\"x\\"","type" : "z"}\n\n')).toBe(false);
     // multi-line data joins with a newline: still one JSON object
-    expect(scan('data: {"type":\ndata: "w"}\n\n', []).map((e) => e.type)).toEqual(["w"]);
-    expect(scan('data: ["type","x"]\n\n', []).map((e) => e.type)).toEqual([null]);
-    expect(scan('data: {"type":"x"} trailing\n\n', []).map((e) => e.type)).toEqual([null]);
+    expect(hasEvent("w", 'data: {"type":\ndata: "w"}\n\n')).toBe(true);
+    expect(hasEvent("x", 'data: ["type","x"]\n\n')).toBe(false);
+    expect(hasEvent("x", 'data: {"type":"x"} trailing\n\n')).toBe(false);
+    expect(hasEvent("x", 'data: {"type":"x"}   \n\n')).toBe(true);
   });
 
   it("an event not closed by a blank line is no event (a client's parser drops it too)", () => {
-    expect(scan('event: response.completed\ndata: {"type":"response.completed"}\n', [])).toEqual([]);
-    expect(scan('data: {"type":"response.completed"}', [])).toEqual([]);
+    expect(hasEvent("response.completed", 'event: response.completed\ndata: {"type":"response.completed"}\n')).toBe(false);
+    expect(hasEvent("response.completed", 'data: {"type":"response.completed"}')).toBe(false);
   });
 });
 
-describe("CompletenessJudge: complete streams pass, cut ones fail", () => {
+describe("completeness: complete streams pass, cut ones fail", () => {
   const final = (chars: number): Ev => ({ type: "response.completed", payload: { response: { id: "resp_1", output: [{ text: "y".repeat(chars) }] } } });
 
   it("a Responses stream ending with its final event is complete, whatever its size and chunking", () => {
@@ -109,8 +91,7 @@ describe("CompletenessJudge: complete streams pass, cut ones fail", () => {
         const text = head + frame(final(size), f, "\n");
         // every cut from the first byte up to (not including) the final blank line's LF
         const cut = Math.floor(where * (enc.encode(text).length - 1));
-        const bytes = enc.encode(text).subarray(0, cut);
-        expect(judge({ kind: "events", types: END_TYPES }, new TextDecoder().decode(bytes), c)).toBe(false);
+        expect(feedReader(enc.encode(text).subarray(0, cut), c, { kind: "events", types: END_TYPES }).complete).toBe(false);
       }),
       { numRuns: 200 },
     );
@@ -126,21 +107,26 @@ describe("CompletenessJudge: complete streams pass, cut ones fail", () => {
     expect(judge(rule, 'data: {"choices":[]}\n\n')).toBe(false);
   });
 
-  it("a line that never ends (48 MB of one data line) is read through, never held, and judged incomplete", () => {
-    const j = new CompletenessJudge({ kind: "events", types: END_TYPES });
+  it("a line that never ends (48 MB of one data line) is read through, passed as it comes, and judged incomplete", () => {
+    const reader = sseReader({ kind: "events", types: END_TYPES });
     const piece = enc.encode(`data: {"type":"x","pad":"${"x".repeat(1 << 20)}`);
     const more = enc.encode("x".repeat(1 << 20));
-    j.feed(piece);
-    for (let i = 0; i < 47; i++) j.feed(more);
-    expect(j.end()).toBe(false);
+    // past the bytes that tell it is no error event, every chunk goes on whole, as the same bytes
+    expect(reader.feed(piece).pass.byteLength).toBe(piece.byteLength);
+    for (let i = 0; i < 47; i++) {
+      const pass = reader.feed(more).pass;
+      expect(pass.buffer === more.buffer && pass.byteLength === more.byteLength).toBe(true);
+    }
+    expect(reader.end().pass.byteLength).toBe(0);
+    expect(reader.complete).toBe(false);
   });
 });
 
-describe("JsonTypeScan", () => {
+describe("jsonTypeScan", () => {
   it("agrees with JSON.parse on the top-level string `type` of any complete object", () => {
     fc.assert(
       fc.property(fc.dictionary(fc.constantFrom("type", "a", "ty", "types", "x"), fc.jsonValue({ maxDepth: 3 })), (obj) => {
-        const s = new JsonTypeScan();
+        const s = jsonTypeScan();
         for (const b of enc.encode(JSON.stringify(obj))) s.byte(b);
         const t = (obj as { type?: unknown }).type;
         // JSON.stringify escapes quotes, backslashes and control characters: an escaped value is never taken

@@ -1,45 +1,22 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { engineErrorOf, ErrorEventGate, HOLD_MAX_BYTES, type EngineError } from "../../src/forward/error-event-gate";
+import { engineErrorOf } from "../../src/forward/engine-error";
+import { HOLD_MAX_BYTES, sseReader } from "../../src/forward/sse-reader";
+import { feedReader } from "../support/sse-feed";
 
 // An engine that fails inside its stream writes an error event, then `data: [DONE]` (vLLM's
 // chat_completion/serving.py and SGLang's serving_chat.py, via create_streaming_error_response).
-// The gate must find it whatever the chunking and line endings, pass every byte before it
+// The reader must find it whatever the chunking and line endings, pass every byte before it
 // unchanged, withhold the error event and everything after it, and hold back no more than the
 // opening bytes of an event while it decides.
 
 const enc = new TextEncoder();
-const dec = new TextDecoder();
 
 /** Feeds `text` in the pieces `cuts` make; what passed, the error reported, and whether the first event settled. */
-function gate(text: string, cuts: number[] = [], end = true): { passed: string; error: EngineError | null; errors: number; settled: boolean } {
-  const g = new ErrorEventGate();
-  const bytes = enc.encode(text);
-  const out: Uint8Array[] = [];
-  let error: EngineError | null = null;
-  let errors = 0;
-  const take = (r: { pass: Uint8Array; error: EngineError | null }) => {
-    out.push(r.pass);
-    if (r.error) {
-      error = r.error;
-      errors++;
-    }
-  };
-  let at = 0;
-  for (const c of [...new Set(cuts.filter((x) => x > 0 && x < bytes.length))].sort((a, b) => a - b)) {
-    take(g.feed(bytes.subarray(at, c)));
-    at = c;
-  }
-  take(g.feed(bytes.subarray(at)));
-  if (end) take(g.end());
-  const all = new Uint8Array(out.reduce((n, p) => n + p.byteLength, 0));
-  let k = 0;
-  for (const p of out) {
-    all.set(p, k);
-    k += p.byteLength;
-  }
-  return { passed: dec.decode(all), error, errors, settled: g.firstSettled };
-}
+const gate = (text: string, cuts: number[] = [], end = true) => {
+  const r = feedReader(text, cuts, { kind: "done" }, null, end);
+  return { passed: r.out, error: r.error, errors: r.errors, settled: r.settled };
+};
 
 const chunk = (text: string) => ({ id: "chatcmpl-1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: text }, finish_reason: null }] });
 /** the error data each engine writes (vllm, older vllm, sglang, sglang /generate, a Responses error event's) */
@@ -54,7 +31,7 @@ const eol = fc.constantFrom("\n", "\r\n", "\r");
 const cuts = fc.array(fc.nat({ max: 3000 }), { maxLength: 14 });
 const plainEvents = (texts: string[], e: string) => texts.map((t) => `data: ${JSON.stringify(chunk(t))}${e}${e}`).join("");
 
-describe("ErrorEventGate: a stream without an error event passes whole", () => {
+describe("error events: a stream without one passes whole", () => {
   it("every byte passes, in order, whatever the chunking and line endings; the first event settles", () => {
     fc.assert(
       fc.property(fc.array(tokenText, { minLength: 1, maxLength: 8 }), eol, cuts, (texts, e, c) => {
@@ -77,7 +54,7 @@ describe("ErrorEventGate: a stream without an error event passes whole", () => {
   });
 
   it("a large event is not held back whole: past the opening bytes it flows as it comes", () => {
-    const g = new ErrorEventGate();
+    const g = sseReader({ kind: "done" });
     const big = `data: ${JSON.stringify(chunk("x".repeat(100_000)))}\n\n`;
     const bytes = enc.encode(big);
     const first = g.feed(bytes.subarray(0, 10));
@@ -85,10 +62,10 @@ describe("ErrorEventGate: a stream without an error event passes whole", () => {
     const second = g.feed(bytes.subarray(10, 50_000));
     expect(second.pass.byteLength).toBe(50_000);
     // a long comment before the data is held only up to HOLD_MAX_BYTES
-    const h = new ErrorEventGate();
+    const h = sseReader({ kind: "done" });
     const comment = `: ${"k".repeat(3 * HOLD_MAX_BYTES)}\n`;
     expect(h.feed(enc.encode(comment)).pass.byteLength).toBe(enc.encode(comment).byteLength);
-    expect(h.firstSettled).toBe(false);
+    expect(h.settled).toBe(false);
   });
 
   it("a stream cut inside an event gives back what it held (the completeness check judges it)", () => {
@@ -97,7 +74,7 @@ describe("ErrorEventGate: a stream without an error event passes whole", () => {
   });
 });
 
-describe("ErrorEventGate: an error event is found and cut out, with what follows", () => {
+describe("error events: one is found and cut out, with what follows", () => {
   it("every engine's error frame after k events: exactly the k events pass; the error reported once, with its status and message", () => {
     fc.assert(
       fc.property(
@@ -114,7 +91,7 @@ describe("ErrorEventGate: an error event is found and cut out, with what follows
           const r = gate(text, c);
           expect(r.passed).toBe(before);
           expect(r.errors).toBe(1);
-          const error = r.error as unknown as EngineError;
+          const error = r.error!;
           expect(error.first).toBe(texts.length === 0);
           expect(error.message).toBe((ERRORS[engine].error as { message: string }).message);
           expect(error.status).toBe((ERRORS[engine].error as { code?: number }).code ?? null);
@@ -144,10 +121,16 @@ describe("ErrorEventGate: an error event is found and cut out, with what follows
 
   it("an error event whose data is far longer than what is read for its message: reported, nothing of it passes", () => {
     const long = JSON.stringify({ error: { message: "m".repeat(20_000), code: 500 } });
-    const r = gate(`data: ${long}\n\n`, [], false);
-    expect(r.passed).toBe("");
-    expect(r.error?.status).toBe(500);
-    expect(r.error?.message.length).toBeLessThanOrEqual(303);
+    // the code comes last (vLLM): read from the data's tail, whatever the chunking
+    for (const cuts of [[], [10], [70, 5000, 9000], [20_030]]) {
+      const r = gate(`data: ${long}\n\n`, cuts, false);
+      expect(r.passed).toBe("");
+      expect(r.error?.status).toBe(500);
+      expect(r.error?.message).toMatch(/^m{300}\.\.\.$/);
+    }
+    // a line that never ends: reported once 64 KB of it were read, from its head
+    const endless = gate(`data: {"error": {"message": "${"m".repeat(1 << 17)}`, [100, 70_000]);
+    expect(endless).toMatchObject({ passed: "", errors: 1 });
   });
 
   it("an error event cut short by the stream's end is reported at the end", () => {
