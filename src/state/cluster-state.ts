@@ -74,8 +74,6 @@ export class ClusterState extends DurableObject {
     });
   }
 
-  // ---- RPC: routing ---------------------------------------------------------------
-
   /**
    * Picks P and D for one request and, unless a dry run, takes its lease: one round trip. When every
    * decode node that could serve it is busy, the call waits at the edge (edge-admission.ts).
@@ -141,8 +139,6 @@ export class ClusterState extends DurableObject {
     else this.#freed(released);
   }
 
-  // ---- RPC: documents, counters, status ---------------------------------------------
-
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
   editDocument(req: DocumentEditRequest): Promise<DocumentEditResult> {
     return this.#documentEditor.run(req);
@@ -180,8 +176,6 @@ export class ClusterState extends DurableObject {
     return clusterSnapshot(this.cluster, this.#sources, now, withHistory);
   }
 
-  // ---- the alarm: probes, polls ------------------------------------------------------
-
   /**
    * Runs the jobs due (alarm-schedule.ts) — every node's probe, every node's /metrics poll — then
    * re-arms itself. Routing never waits for it: a slow node holds only its own probe or poll.
@@ -211,8 +205,6 @@ export class ClusterState extends DurableObject {
     this.#admitWaiting();
     await this.ctx.storage.setAlarm(this.#schedule.next());
   }
-
-  // ---- wiring ----------------------------------------------------------------------
 
   /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
   #decide(req: RouteRequest, cluster: ClusterView, now: number, guarded: boolean): RouteResponse {
