@@ -1,4 +1,7 @@
+import { isBusy } from "../routing/kv-guard";
+import type { NodeSignals as RoutingSignals } from "../routing/types";
 import type { EngineReading } from "./engine-metrics";
+import type { NodeSignalsStatus } from "./types";
 
 /** signals.* of the cluster document (SPEC 8) */
 export interface SignalSettings {
@@ -20,7 +23,7 @@ export interface SignalView {
   reported: EngineReading;
 }
 
-interface NodeSignals {
+interface NodeReadings {
   reading: EngineReading;
   at: number;
   /** decode requests and their tokens routed to the node since the poll */
@@ -40,7 +43,7 @@ interface NodeSignals {
  * reading older than `staleMs` is ignored (routing falls back to leases), never waited for.
  */
 export class EngineSignals {
-  readonly #byNode = new Map<string, NodeSignals>();
+  readonly #byNode = new Map<string, NodeReadings>();
 
   /** A poll answered with these figures. */
   record(node: string, reading: EngineReading, now: number): void {
@@ -63,6 +66,12 @@ export class EngineSignals {
     s.freedTokens += Math.max(0, tokens);
   }
 
+  /** A decode lease failed over from `from` (which never held its KV) to `to`. */
+  moved(from: string | null, to: string, tokens: number): void {
+    if (from) this.released(from, tokens);
+    this.dispatched(to, tokens);
+  }
+
   /** The node's projected signals, or null when there is no poll younger than `staleMs`. */
   view(node: string, now: number, staleMs: number): SignalView | null {
     const s = this.#byNode.get(node);
@@ -70,10 +79,30 @@ export class EngineSignals {
     return { ...projectSignals(s), ageMs: Math.max(0, now - s.at), reported: s.reading };
   }
 
-  /** The last reading whatever its age (for /metrics: what the engine last said). */
-  last(node: string): { reading: EngineReading; at: number } | null {
+  /** The node's signals as routing uses them: projected, or null when stale or never polled. */
+  routingView(node: string, now: number, staleMs: number): RoutingSignals | null {
     const s = this.#byNode.get(node);
-    return s ? { reading: s.reading, at: s.at } : null;
+    if (!s || now - s.at > staleMs) return null;
+    const { kvUsage, queue } = projectSignals(s);
+    return { kvUsage, queue, ageMs: Math.max(0, now - s.at), kvCapacityTokens: s.reading.kvCapacityTokens };
+  }
+
+  /**
+   * What the engine last said whatever its age, and its projection now (null when stale), for
+   * /metrics and the status page; null until a poll answered. Only a decode node can be busy.
+   */
+  status(node: string, decodes: boolean, now: number, s: SignalSettings): NodeSignalsStatus | null {
+    const last = this.#byNode.get(node);
+    if (!last) return null;
+    const view = this.view(node, now, s.staleMs);
+    const projected = view ? { kvUsage: view.kvUsage, queue: view.queue } : null;
+    return {
+      ...last.reading,
+      at: last.at,
+      ageMs: Math.max(0, now - last.at),
+      projected,
+      busy: decodes && view !== null && isBusy({ signals: view }, s),
+    };
   }
 
   forget(node: string): void {
@@ -91,7 +120,7 @@ export class EngineSignals {
  * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
  * queue at the poll was admitting what it got, so it is taken to have none still.
  */
-export function projectSignals(s: Pick<NodeSignals, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">): { kvUsage: number | null; queue: number | null } {
+export function projectSignals(s: Pick<NodeReadings, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">): { kvUsage: number | null; queue: number | null } {
   const { kvUsage, waiting, kvCapacityTokens } = s.reading;
   let kv = kvUsage;
   if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / kvCapacityTokens;

@@ -1,4 +1,5 @@
-import { freshHealth, type NodeHealth } from "./health";
+import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type HealthSettings, type NodeHealth } from "./health";
+import type { LegReport } from "./types";
 
 /** Each node's health record (transitions in health.ts), kept in step with the document's nodes. */
 export class NodeHealthTable {
@@ -11,6 +12,36 @@ export class NodeHealthTable {
   /** The node's record, or a fresh one for a node not seen yet (not stored). */
   view(node: string): NodeHealth {
     return this.#byNode.get(node) ?? freshHealth();
+  }
+
+  /** A listed node that may take new work now (failover: an unknown node is never a fallback). */
+  mayTake(node: string, now: number): boolean {
+    const h = this.#byNode.get(node);
+    return h !== undefined && isHealthy(h, now);
+  }
+
+  /** A request was routed to the node: in half-open, it is the one trial. */
+  picked(node: string, now: number): void {
+    const h = this.#byNode.get(node);
+    if (h) onPicked(h, now);
+  }
+
+  /** A leg on the node ended: a success or a client error closes its breaker, a failure counts, anything else frees a trial. */
+  report(report: LegReport, now: number, s: HealthSettings | undefined): void {
+    const h = this.#byNode.get(report.node);
+    if (!h || !s) return;
+    if (report.outcome === "ok" || report.outcome === "client_error") onSuccess(h);
+    else if (report.outcome === "failure") onFailure(h, now, s);
+    else onInconclusive(h);
+  }
+
+  /** A probe of the node answered (`ok`) or not; true when it brought the node back up after its probes failed. */
+  probed(node: string, ok: boolean, now: number, s: HealthSettings): boolean {
+    const h = this.#byNode.get(node);
+    if (!h) return false;
+    const wasUp = h.probeUp;
+    onProbe(h, ok, now, s);
+    return !wasUp && h.probeUp;
   }
 
   /** Adds records for new nodes and drops those of nodes no longer listed; returns the dropped ids. */

@@ -1,6 +1,7 @@
-import type { PdMode, Role } from "../routing/types";
+import type { Decision, PdMode, Role } from "../routing/types";
 import { BoundedMap } from "./bounded-map";
 import type { CachePrediction } from "./cache-feedback";
+import type { RouteRequest } from "./types";
 
 /**
  * One routed request's hold on its nodes: load counted on P while its leg runs, on D until it
@@ -44,8 +45,55 @@ export interface NodeLoad {
 const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 
+/**
+ * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
+ * request renews it every third of that, so a long stream keeps counting as load while a
+ * request that died without releasing stops counting soon.
+ */
+export const DEFAULT_LEASE_TTL_MS = 60_000;
+
+/** The LEASE_TTL_MS var of the object's env, when it is a positive number. */
+export function leaseTtlMsOf(env: unknown): number {
+  const ttl = Number((env as { LEASE_TTL_MS?: string } | undefined)?.LEASE_TTL_MS);
+  return Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_LEASE_TTL_MS;
+}
+
 /** released before their route call arrived; remembered this many at most */
 const TOMBSTONES = 10_000;
+/** expired leases are looked for at most this often (every route call would be wasteful) */
+const SWEEP_EVERY_MS = 1_000;
+
+/**
+ * The lease of a request just routed: P holds its prefill work (D itself for a local prefill, nobody
+ * colocated), D the prompt's KV tokens; the fallbacks are kept here for failover.
+ */
+export function routedLease(req: RouteRequest, decision: Decision, colocated: boolean, expiresAt: number, prediction: CachePrediction | undefined): NodeLease {
+  const d = decision.decode.id;
+  return {
+    prefill: colocated ? null : decision.prefill.rule === "local_prefill" ? d : decision.prefill.id,
+    decode: d,
+    tokens: decision.tokens.prompt > 0 ? decision.tokens.prompt : req.tokens,
+    prefillTokens: decision.tokens.prefillWork,
+    mode: decision.mode,
+    ...(prediction ? { prediction } : {}),
+    promptChars: req.promptChars ?? 0,
+    expiresAt,
+    route: req.route ?? "other",
+    requestId: req.requestId,
+    fallbacks: { prefill: [...decision.prefill.fallbacks], decode: [...decision.decode.fallbacks] },
+    model: req.model,
+  };
+}
+
+/** The log line of a lease that expired unreleased (`unconfirmed`: admitted from the queue, its Worker never confirmed it). */
+export const expiredLeaseLog = (id: string, lease: NodeLease, unconfirmed: boolean) => ({
+  event: unconfirmed ? "reservation_expired" : "lease_expired",
+  requestId: lease.requestId,
+  leaseId: id,
+  prefill: lease.prefill,
+  decode: lease.decode,
+  model: lease.model,
+});
 
 /**
  * The leases of routed requests and the per-node load they add up to. Plain data with the clock
@@ -58,6 +106,7 @@ export class LeaseTable {
   /** leases released before their route call arrived (the client left mid-call): never taken */
   readonly #released = new BoundedMap<number>(TOMBSTONES);
   #next = 0;
+  #lastSweep = 0;
 
   constructor(readonly ttlMs: number) {}
 
@@ -93,6 +142,12 @@ export class LeaseTable {
     return true;
   }
 
+  /** An admitted request's lease lives only until `at` unless renewed (a reservation). */
+  expireAt(id: string, at: number): void {
+    const lease = this.#leases.get(id);
+    if (lease) lease.expiresAt = at;
+  }
+
   /** P answered: its part of the lease ends. True when `node` held it. */
   endPrefill(id: string, node: string): boolean {
     const lease = this.#leases.get(id);
@@ -115,6 +170,24 @@ export class LeaseTable {
     return { from };
   }
 
+  /**
+   * Failover: the lease's `role` moves to the first of its fallbacks `mayTake` accepts, dropping
+   * those ranked before it; a local prefill moves with its D (the next D prefills it). Null without
+   * a lease or a fallback to take.
+   */
+  failover(id: string, role: Role, mayTake: (node: string) => boolean): { lease: NodeLease; from: string | null; next: string } | null {
+    const lease = this.#leases.get(id);
+    if (!lease) return null;
+    const candidates = lease.fallbacks[role];
+    const at = candidates.findIndex((node) => mayTake(node));
+    if (at < 0) return null;
+    const next = candidates[at]!;
+    lease.fallbacks[role] = candidates.slice(at + 1);
+    const from = this.move(id, role, next)!.from;
+    if (role === "decode" && lease.mode === "local" && lease.prefill !== null && lease.prefill === from) this.move(id, "prefill", next);
+    return { lease, from, next };
+  }
+
   /** Releases a lease once; the released lease, or null when it is not (or no longer) held. */
   release(id: string): NodeLease | null {
     const lease = this.#leases.get(id);
@@ -133,6 +206,13 @@ export class LeaseTable {
   /** True (and forgotten) when `id` was released before its route call arrived. */
   consumeTombstone(id: string): boolean {
     return this.#released.delete(id);
+  }
+
+  /** Whether to look for expired leases now: at most once a second, unless `force`. */
+  sweepDue(now: number, force = false): boolean {
+    if (!force && now - this.#lastSweep < SWEEP_EVERY_MS) return false;
+    this.#lastSweep = now;
+    return true;
   }
 
   /** Releases and returns the leases whose time ran out; drops old tombstones. */

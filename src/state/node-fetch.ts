@@ -1,6 +1,9 @@
 import type { NodeReach } from "../config/schema";
 import { nodeAccess, nodeGet } from "../forward/node-fetch";
+import { pollTimeoutMsOf } from "./cluster-settings";
 import { readEngineMetrics, type EngineReading } from "./engine-metrics";
+import { probeSettings } from "./health";
+import type { ClusterView } from "./types";
 
 /** A node as the object reaches it (probes and /metrics polls). */
 export interface ReachableNode {
@@ -31,6 +34,23 @@ export async function probeNode(env: Record<string, unknown>, node: ReachableNod
   } catch {
     return false;
   }
+}
+
+/** Probes every node of the cluster at once; `probed` hears each answer as it comes (a slow node holds only its own probe). */
+export async function probeNodes(env: Record<string, unknown>, cluster: ClusterView, probed: (node: string, ok: boolean) => void): Promise<void> {
+  const { path, timeoutMs } = probeSettings(cluster);
+  await Promise.all(cluster.nodes.map(async (n) => probed(n.id, await probeNode(env, n, path, timeoutMs))));
+}
+
+/** Polls every node's /metrics at once; `polled` hears each reading as it comes. A failure is no reading: the last one goes stale. */
+export async function pollNodes(env: Record<string, unknown>, cluster: ClusterView, polled: (node: string, reading: EngineReading) => void): Promise<void> {
+  const timeoutMs = pollTimeoutMsOf(cluster);
+  await Promise.all(
+    cluster.nodes.map(async (n) => {
+      const reading = await pollEngineMetrics(env, n, timeoutMs);
+      if (reading) polled(n.id, reading);
+    }),
+  );
 }
 
 /** Bytes of a /metrics page read at most (a real vLLM or SGLang page is 20-150 KB). */

@@ -15,15 +15,25 @@ export interface HistoryPoint {
 /**
  * The last minutes of per-node figures, sampled by the object's alarm (each probe or poll), so
  * the status page shows them the moment it opens instead of starting flat. A ring of at most
- * `capacity` points spanning at most `keepMs`.
+ * `capacity` points spanning at most `keepMs`, a point every `everyMs` at most. The defaults: the
+ * status page's charts, the last 15 minutes, a point a second at most.
  */
 export class NodeHistory {
   readonly #points: HistoryPoint[] = [];
+  #lastSample = 0;
 
   constructor(
-    private readonly keepMs: number,
-    private readonly capacity: number,
+    private readonly keepMs = 15 * 60_000,
+    private readonly capacity = 1_000,
+    private readonly everyMs = 1_000,
   ) {}
+
+  /** Whether a point is due now; true counts it as taken. */
+  due(now: number): boolean {
+    if (now - this.#lastSample < this.everyMs) return false;
+    this.#lastSample = now;
+    return true;
+  }
 
   add(point: HistoryPoint): void {
     this.#points.push(point);

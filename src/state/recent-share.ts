@@ -30,7 +30,7 @@ export class RecentShare {
   }
 
   /** Decays every node's share by one request and counts this one's work (no P: colocated). */
-  count(prefill: string | null, decode: string, halfLife: number, work: { prefill: number; decode: number } = { prefill: 1, decode: 1 }): void {
+  count(prefill: string | null, decode: string, halfLife: number, prefillWork = 1, decodeWork = 1): void {
     const decay = 0.5 ** (1 / halfLife);
     for (const r of this.#byNode.values()) {
       if (prefill) {
@@ -40,8 +40,8 @@ export class RecentShare {
       r.decode *= decay;
       r.decodeRequests *= decay;
     }
-    if (prefill) this.#bump(prefill, "prefill", work.prefill);
-    this.#bump(decode, "decode", work.decode);
+    if (prefill) this.#bump(prefill, "prefill", prefillWork);
+    this.#bump(decode, "decode", decodeWork);
   }
 
   forget(node: string): void {

@@ -1,9 +1,6 @@
-import type { Role } from "../routing/types";
+import type { Decision, Role } from "../routing/types";
 import { newHistogram, observe } from "./histogram";
-import type { ClusterSnapshot } from "./types";
-
-/** Seconds a request may wait at the edge: 10 ms to 10 minutes (admission.queueMs at most). */
-const ADMISSION_WAIT_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+import type { ClusterSnapshot, LegReport } from "./types";
 
 /** The object's counters for /metrics: requests by route and status, keys, decisions, latencies, prefix lookups. */
 export class RouterStats {
@@ -16,9 +13,6 @@ export class RouterStats {
   readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
   readonly prefix = { lookedUpBlocks: 0, matchedBlocks: 0 };
   expiredLeases = 0;
-  /** how long admitted requests waited at the edge, and requests refused there by reason */
-  readonly admissionWait = newHistogram(ADMISSION_WAIT_BOUNDS);
-  readonly #rejected = new Map<string, number>();
 
   countRequest(route: string, status: number): void {
     bump(this.#requests, `${route}\u0000${status}`);
@@ -28,41 +22,32 @@ export class RouterStats {
     bump(this.#keys, label);
   }
 
-  countDecision(role: Role, rule: string): void {
-    bump(this.#decisions, `${role}\u0000${rule}`);
+  /** A request was routed: each role's rule, and how it is served and why. */
+  countRouted(decision: Decision): void {
+    bump(this.#decisions, `prefill\u0000${decision.prefill.rule}`);
+    bump(this.#decisions, `decode\u0000${decision.decode.rule}`);
+    bump(this.#disagg, `${decision.mode}\u0000${decision.reason}`);
   }
 
-  countDisagg(mode: string, reason: string): void {
-    bump(this.#disagg, `${mode}\u0000${reason}`);
+  /** A lease expired unreleased: its request stopped renewing without finishing (counted as a 499). */
+  countExpired(route: string): void {
+    this.expiredLeases++;
+    this.countRequest(route, 499);
+  }
+
+  /** A leg ended: an answered prefill's time until P answered, an answered decode's until D's first byte. */
+  observeLeg(leg: Role, report: LegReport | undefined): void {
+    if (report?.ms === undefined || report.outcome !== "ok") return;
+    observe(leg === "prefill" ? this.latency.prefill : this.latency.ttfb, report.ms);
   }
 
   disagg(): ClusterSnapshot["disagg"] {
     return split(this.#disagg).map(({ parts, count }) => ({ mode: parts[0]!, reason: parts[1]!, count }));
   }
 
-  observeTtfb(ms: number): void {
-    observe(this.latency.ttfb, ms);
-  }
-
-  observePrefill(ms: number): void {
-    observe(this.latency.prefill, ms);
-  }
-
   countPrefix(looked: number, matched: number): void {
     this.prefix.lookedUpBlocks += looked;
     this.prefix.matchedBlocks += matched;
-  }
-
-  observeAdmissionWait(ms: number): void {
-    observe(this.admissionWait, ms);
-  }
-
-  countRejected(reason: string): void {
-    bump(this.#rejected, reason);
-  }
-
-  rejected(): Array<{ reason: string; count: number }> {
-    return [...this.#rejected].map(([reason, count]) => ({ reason, count }));
   }
 
   keyCounts(): Array<{ key: string; count: number }> {

@@ -32,10 +32,10 @@ async function resetState() {
   await run(stub() as unknown, (instance) => {
     instance.health.clear();
     instance.sticky.clear();
-    instance.prefixIndex.prefill.clear();
-    instance.prefixIndex.decode.clear();
-    instance.charsPerToken.clear();
-    instance.cacheFeedback.clear();
+    instance.prefixes.index.prefill.clear();
+    instance.prefixes.index.decode.clear();
+    instance.prefixes.rates.clear();
+    instance.prefixes.feedback.clear();
     instance.cluster = null;
   });
 }

@@ -115,8 +115,8 @@ export async function resetClusterState() {
   await run(stub, (instance) => {
     instance.health.clear();
     instance.sticky.clear();
-    instance.prefixIndex.prefill.clear();
-    instance.prefixIndex.decode.clear();
+    instance.prefixes.index.prefill.clear();
+    instance.prefixes.index.decode.clear();
     instance.recent.clear();
     instance.signals.clear();
     instance.cluster = null;

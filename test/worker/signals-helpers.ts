@@ -77,8 +77,8 @@ export async function resetState(): Promise<void> {
   await run(stub() as unknown, (instance) => {
     instance.health.clear();
     instance.sticky.clear();
-    instance.prefixIndex.prefill.clear();
-    instance.prefixIndex.decode.clear();
+    instance.prefixes.index.prefill.clear();
+    instance.prefixes.index.decode.clear();
     instance.signals.clear();
     instance.cluster = null;
   });

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { LeaseTable, type NodeLease } from "../../../src/state/leases";
+import { DEFAULT_LEASE_TTL_MS, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "../../../src/state/leases";
+import { decision, routeRequest } from "./fixtures";
 
 const lease = (fields: Partial<NodeLease> = {}): NodeLease => ({
   prefill: "p0",
@@ -46,5 +47,97 @@ describe("the lease table", () => {
     t.tombstone("y", 0);
     t.expire(2_000);
     expect(t.consumeTombstone("y")).toBe(false);
+  });
+});
+
+describe("a routed request's lease", () => {
+  const req = routeRequest({ tokens: 50, promptChars: 1200, route: "/v1/chat/completions", requestId: "r1" });
+
+  it("disaggregated: P holds the prefill work, D the prompt's KV tokens; the fallbacks are the lease's own copy", () => {
+    const d = decision("p0", "d0", { fallbacks: { prefill: ["p1"], decode: ["d1"] } });
+    const l = routedLease(req, d, false, 5_000, undefined);
+    expect(l).toMatchObject({
+      prefill: "p0",
+      decode: "d0",
+      tokens: 300,
+      prefillTokens: 200,
+      mode: "disaggregated",
+      promptChars: 1200,
+      expiresAt: 5_000,
+      route: "/v1/chat/completions",
+      requestId: "r1",
+      model: "m",
+    });
+    expect(l).not.toHaveProperty("prediction");
+    l.fallbacks.decode.shift();
+    expect(d.decode.fallbacks).toEqual(["d1"]);
+  });
+
+  it("a local prefill holds D in both parts; colocated, no prefill part; an unknown prompt size counts the request's estimate", () => {
+    const local = decision("d0", "d0", { mode: "local", prefillRule: "local_prefill" });
+    expect(routedLease(req, local, false, 0, undefined).prefill).toBe("d0");
+    expect(routedLease(req, decision("d0", "d0", { mode: "colocated" }), true, 0, undefined).prefill).toBeNull();
+    const unknown = decision("p0", "d0", { tokens: { prompt: 0, uncachedOnDecode: null, prefillWork: 1, decodeWork: 1 } });
+    expect(routedLease(routeRequest({ tokens: 77 }), unknown, false, 0, undefined)).toMatchObject({ tokens: 77, route: "other", promptChars: 0 });
+  });
+
+  it("keeps the prediction it was routed with", () => {
+    const prediction = { node: "p0", role: "prefill" as const, hashes: ["h"], matched: 1, promptChars: 10, blockChars: 512 };
+    expect(routedLease(req, decision("p0", "d0"), false, 0, prediction).prediction).toBe(prediction);
+  });
+});
+
+describe("failover", () => {
+  it("moves the role to the first fallback that may take work, dropping those ranked before it", () => {
+    const t = new LeaseTable(1_000);
+    t.take("a", lease({ fallbacks: { prefill: [], decode: ["d1", "d2", "d3"] } }));
+    const moved = t.failover("a", "decode", (n) => n !== "d1");
+    expect(moved).toMatchObject({ from: "d0", next: "d2" });
+    expect(t.get("a")).toMatchObject({ decode: "d2", prefill: "p0", fallbacks: { decode: ["d3"] } });
+    expect(t.loadOf("d0")).toMatchObject({ decode: 0, tokens: 0 });
+    expect(t.loadOf("d2")).toMatchObject({ decode: 1, tokens: 100 });
+  });
+
+  it("a local prefill moves with its D: the next D prefills it", () => {
+    const t = new LeaseTable(1_000);
+    t.take("a", lease({ prefill: "d0", mode: "local", prefillTokens: 40, fallbacks: { prefill: [], decode: ["d1"] } }));
+    t.failover("a", "decode", () => true);
+    expect(t.get("a")).toMatchObject({ prefill: "d1", decode: "d1" });
+    expect(t.loadOf("d1")).toMatchObject({ prefill: 1, prefillTokens: 40, decode: 1 });
+    expect(t.loadOf("d0")).toMatchObject({ prefill: 0, decode: 0 });
+  });
+
+  it("nothing to move to: no lease, or no fallback that may take work", () => {
+    const t = new LeaseTable(1_000);
+    expect(t.failover("gone", "decode", () => true)).toBeNull();
+    t.take("a", lease({ fallbacks: { prefill: ["p1"], decode: [] } }));
+    expect(t.failover("a", "decode", () => true)).toBeNull();
+    expect(t.failover("a", "prefill", () => false)).toBeNull();
+    expect(t.get("a")).toMatchObject({ prefill: "p0", decode: "d0", fallbacks: { prefill: ["p1"] } });
+  });
+});
+
+describe("sweeping expired leases", () => {
+  it("looks at most once a second unless forced (an admitted reservation's end must not wait)", () => {
+    const t = new LeaseTable(1_000);
+    expect(t.sweepDue(5_000)).toBe(true);
+    expect(t.sweepDue(5_999)).toBe(false);
+    expect(t.sweepDue(5_999, true)).toBe(true);
+    expect(t.sweepDue(6_500)).toBe(false);
+    expect(t.sweepDue(6_999)).toBe(true);
+  });
+
+  it("an admitted lease lives only until its reservation ends unless renewed", () => {
+    const t = new LeaseTable(60_000);
+    t.take("a", lease({ expiresAt: 60_000 }));
+    t.expireAt("a", 5_000);
+    expect(t.expire(5_000).map(([id]) => id)).toEqual(["a"]);
+  });
+});
+
+describe("the lease TTL", () => {
+  it("LEASE_TTL_MS when a positive number, else the default", () => {
+    expect(leaseTtlMsOf({ LEASE_TTL_MS: "1000" })).toBe(1_000);
+    for (const env of [{}, undefined, { LEASE_TTL_MS: "0" }, { LEASE_TTL_MS: "soon" }]) expect(leaseTtlMsOf(env)).toBe(DEFAULT_LEASE_TTL_MS);
   });
 });

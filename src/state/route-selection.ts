@@ -1,0 +1,115 @@
+import type { CandidateNode, Decision, Role, SelectionInput, SelectionPolicy } from "../routing/types";
+import type { BoundedMap } from "./bounded-map";
+import { signalsOf } from "./cluster-settings";
+import type { RoundRobinCursors } from "./cursors";
+import type { EngineSignals } from "./engine-signals";
+import { isHealthy } from "./health";
+import type { NodeHealthTable } from "./health-table";
+import type { LeaseTable } from "./leases";
+import type { PrefixMemory } from "./prefix-memory";
+import type { RecentShare } from "./recent-share";
+import type { ClusterView, RouteRequest } from "./types";
+
+// The object's side of the pure selection core (src/routing/select.ts): what it is given for one
+// request, from what the modules hold now, and what of its decision the Worker is answered.
+
+/** A conversation's remembered P and D (session stickiness). */
+export interface StickyPair {
+  prefill: string;
+  decode: string;
+}
+
+/** The object's modules that selection reads, passed as they are (one record, built once). */
+export interface RouteSources {
+  health: NodeHealthTable;
+  leases: LeaseTable;
+  signals: EngineSignals;
+  recent: RecentShare;
+  prefixes: PrefixMemory;
+  sticky: BoundedMap<StickyPair>;
+  cursors: RoundRobinCursors;
+}
+
+type ViewNode = ClusterView["nodes"][number];
+
+/** One hop to one node: a colocated cluster, or a request that needs only one (embeddings, tokenizer). */
+export const isColocated = (cluster: ClusterView, req: RouteRequest): boolean => cluster.protocol === "colocated" || req.oneHop === true;
+
+export const usesCacheAware = (policy: SelectionPolicy): boolean => policy.prefill === "cache_aware" || policy.decode === "cache_aware";
+
+/**
+ * The request's prefix blocks are looked up in the index and recorded after: cache_aware, or
+ * conditional disaggregation, which asks what D holds whatever the policy.
+ */
+export const usesPrefixIndex = (cluster: ClusterView, req: RouteRequest, colocated: boolean): boolean =>
+  (usesCacheAware(cluster.policy) || (!colocated && cluster.policy.disaggregation === "conditional")) && req.prefixHashes.length > 0;
+
+/**
+ * What the pure selection core (src/routing/select.ts) is given for one request: each pool's
+ * candidates as the modules see them now, built in one pass over the nodes; the prefix matches;
+ * the sticky pair; the cursors; the decode KV guard unless `guarded` is false.
+ */
+export function routeInput(req: RouteRequest, cluster: ClusterView, now: number, guarded: boolean, m: RouteSources): SelectionInput {
+  const s = signalsOf(cluster);
+  const colocated = isColocated(cluster, req);
+  const prefill: CandidateNode[] = [];
+  const decode: CandidateNode[] = [];
+  for (const n of cluster.nodes) {
+    // no model (SGLang's /generate, a tokenizer call without one): any node
+    if (n.models && req.model && !n.models.includes(req.model)) continue;
+    if (!colocated && n.role !== "decode") prefill.push(candidateOf(n, "prefill", now, s.staleMs, m));
+    if (n.role !== "prefill") decode.push(candidateOf(n, "decode", now, s.staleMs, m));
+  }
+  const indexed = usesPrefixIndex(cluster, req, colocated);
+  return {
+    policy: cluster.policy,
+    colocated,
+    prefill,
+    decode,
+    key: req.key,
+    prefixMatches: {
+      prefill: indexed ? m.prefixes.match("prefill", req.prefixHashes, prefill) : {},
+      decode: indexed ? m.prefixes.match("decode", req.prefixHashes, decode) : {},
+    },
+    prefixBlockCount: req.prefixHashes.length,
+    sticky: req.key ? (m.sticky.get(req.key) ?? null) : null,
+    pinned: req.pinned === true,
+    cursors: { prefill: m.cursors.prefill, decode: m.cursors.decode },
+    guard: guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null,
+    promptChars: req.promptChars ?? 0,
+  };
+}
+
+/** One node as selection sees it in one role: its health, lease load, signals, rate and recent share. */
+export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: number, m: RouteSources): CandidateNode {
+  const h = m.health.view(n.id);
+  const load = m.leases.loadOf(n.id);
+  return {
+    // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
+    signals: m.signals.routingView(n.id, now, staleMs),
+    id: n.id,
+    weight: n.weight,
+    group: n.group ?? `node:${n.id}`,
+    load: load ? load[role] : 0,
+    work: role === "prefill" ? (load?.prefillTokens ?? 0) : (load?.tokens ?? 0),
+    charsPerToken: m.prefixes.rates.of(n.id),
+    localPrefill: n.localPrefill === true,
+    healthy: isHealthy(h, now),
+    drain: n.drain,
+    lastFailureAt: h.lastFailureAt,
+    recent: m.recent.of(n.id, role),
+    recentRequests: m.recent.requestsOf(n.id, role),
+  };
+}
+
+/** The request needs only the picks: candidates and fallbacks stay in the object (the lease keeps the fallbacks). */
+export const slimDecision = (d: Decision): Decision => ({
+  prefill: slimRole(d.prefill),
+  decode: slimRole(d.decode),
+  cursors: d.cursors,
+  mode: d.mode,
+  reason: d.reason,
+  tokens: d.tokens,
+});
+
+const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });

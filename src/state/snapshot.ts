@@ -1,0 +1,85 @@
+import type { Role } from "../routing/types";
+import { signalsOf } from "./cluster-settings";
+import type { EdgeAdmission } from "./edge-admission";
+import type { EngineSignals, SignalSettings } from "./engine-signals";
+import { breakerState, isHealthy } from "./health";
+import type { NodeHealthTable } from "./health-table";
+import type { LeaseTable } from "./leases";
+import type { HistoryPoint, NodeHistory } from "./node-history";
+import type { PrefillUsageDetails } from "./prefill-usage-details";
+import type { PrefixMemory } from "./prefix-memory";
+import type { RouterStats } from "./router-stats";
+import type { ClusterSnapshot, ClusterView, NodeStatus } from "./types";
+
+/** The object's modules that the operators' view reads (one record, built once). */
+export interface StatusSources {
+  health: NodeHealthTable;
+  leases: LeaseTable;
+  signals: EngineSignals;
+  prefixes: PrefixMemory;
+  usageDetails: PrefillUsageDetails;
+  stats: RouterStats;
+  admission: EdgeAdmission;
+  history: NodeHistory;
+}
+
+type ViewNode = ClusterView["nodes"][number];
+
+/** Shared state as operators see it (/metrics, the status page, /admin/status); `withHistory`: the status page's per-node history too. */
+export function clusterSnapshot(cluster: ClusterView | null, m: StatusSources, now: number, withHistory: boolean): ClusterSnapshot {
+  const signals = cluster ? signalsOf(cluster) : null;
+  return {
+    version: cluster?.version ?? null,
+    nodes: (cluster?.nodes ?? []).map((n) => nodeStatus(n, signals!, now, m)),
+    leases: m.leases.size,
+    expiredLeases: m.stats.expiredLeases,
+    requests: m.stats.requests(),
+    decisions: m.stats.decisions(),
+    disagg: m.stats.disagg(),
+    prefix: { ...m.prefixes.sizes(), ...m.stats.prefix },
+    latency: m.stats.latency,
+    admission: m.admission.status(),
+    history: withHistory ? m.history.points(now) : [],
+    now,
+  };
+}
+
+/** One node: its health and breaker, its leases' load, its engine's signals, its prefix feedback. */
+export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources): NodeStatus {
+  const h = m.health.view(n.id);
+  const c = m.leases.loadOf(n.id);
+  const decodes = n.role === "decode" || n.role === "both";
+  return {
+    id: n.id,
+    url: n.url,
+    roles: n.role === "both" ? (["prefill", "decode"] as Role[]) : [n.role],
+    group: n.group ?? null,
+    weight: n.weight,
+    drain: n.drain,
+    healthy: isHealthy(h, now),
+    probeUp: h.probeUp,
+    breaker: breakerState(h, now),
+    ejectedUntil: h.ejectedUntil,
+    failureStreak: h.failureStreak,
+    failuresTotal: h.failuresTotal,
+    lastFailureAt: h.lastFailureAt,
+    inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0, prefillTokens: c?.prefillTokens ?? 0 },
+    requestsTotal: { prefill: c?.requestsPrefill ?? 0, decode: c?.requestsDecode ?? 0 },
+    signals: m.signals.status(n.id, decodes, now, signals),
+    usageDetails: m.usageDetails.verdict(n.id),
+    prefix: m.prefixes.status(n.id),
+  };
+}
+
+/** One point of per-node figures for the status page's history: in-flight requests, reported KV use and queue. */
+export function historyPoint(cluster: ClusterView, now: number, m: Pick<StatusSources, "leases" | "signals">): HistoryPoint {
+  const staleMs = signalsOf(cluster).staleMs;
+  return {
+    t: now,
+    nodes: cluster.nodes.map((n) => {
+      const load = m.leases.loadOf(n.id);
+      const view = m.signals.view(n.id, now, staleMs);
+      return { node: n.id, inflight: (load?.prefill ?? 0) + (load?.decode ?? 0), kvUsage: view?.reported.kvUsage ?? null, queue: view?.reported.waiting ?? null };
+    }),
+  };
+}
