@@ -137,7 +137,7 @@ export class RequestLife {
     if (routed.ok && routed.queuedMs !== undefined) {
       this.timings.queueMs = routed.queuedMs;
       // Admitted after waiting: the lease is a reservation until this confirms the request is
-      // still here (a handler cancelled while it waited never does; cluster-state.ts).
+      // still here (a handler cancelled while it waited never does; src/state/edge-admission.ts).
       if (!this.ended) this.o.waitUntil(this.call(this.o.state.renew(this.leaseId)));
     }
     if (!routed.ok) return routed;
