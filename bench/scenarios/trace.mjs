@@ -263,17 +263,19 @@ function predictionTable(results) {
       'caches judged lost',
       'errors',
     ],
-    results.map((r) => {
-      const a = r.afterRestart;
-      return [
-        r.policy,
-        r.restart ? `${r.hitRatio} (${r.restart.hitRatioAfter})` : r.hitRatio,
-        `${tokens(r.predictedTokens)} / ${tokens(r.reportedCachedTokens)} = ${r.predictedOverReported}`,
-        a ? `${tokens(a.predictedTokens)} / ${tokens(a.reportedCachedTokens)} = ${a.predictedOverReported}` : '',
-        a ? `${tokens(a.node.predictedTokens)} / ${tokens(a.node.reportedCachedTokens)} = ${a.node.predictedOverReported}` : '',
-        r.cacheLost,
-        r.errors,
-      ];
-    }),
+    results
+      .filter((r) => r.predictedTokens > 0)
+      .map((r) => {
+        const a = r.afterRestart;
+        return [
+          r.policy,
+          r.restart ? `${r.hitRatio} (${r.restart.hitRatioAfter})` : r.hitRatio,
+          `${tokens(r.predictedTokens)} / ${tokens(r.reportedCachedTokens)} = ${r.predictedOverReported}`,
+          a ? `${tokens(a.predictedTokens)} / ${tokens(a.reportedCachedTokens)} = ${a.predictedOverReported}` : '',
+          a ? `${tokens(a.node.predictedTokens)} / ${tokens(a.node.reportedCachedTokens)} = ${a.node.predictedOverReported}` : '',
+          r.cacheLost,
+          r.errors,
+        ];
+      }),
   );
 }
