@@ -42,10 +42,13 @@ common options:
   --runtime workerd|wrangler   workerd via Miniflare (default), or under \`wrangler dev\`
   --src COMMIT         build the Worker from a commit (e.g. HEAD) instead of the working tree
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
-            --config round_robin,p_affinity,pd_affinity,cache_aware,isolation_1p1d --quick
+            --config round_robin,p_affinity,pd_affinity,cache_aware,pd_affinity_conditional,isolation_1p1d --quick
 agentic:    --requests 1000 --sessions-per-s 1 --seed 30 --config NAME,... --configs FILE --quick
+            --parallel N (configurations at once, each in its own process)
 both:       --preset seed000|seed002|default --engine key=value,... (engine options over the preset)
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
+            --restart NODE@SHARE (restart that engine once SHARE of the requests were sent)
+            --feedback with|without|both (cache-hit feedback; without: the test-only TEST_CACHE_FEEDBACK=count_only)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
             --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05

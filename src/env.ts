@@ -26,6 +26,8 @@ export interface Env extends Cloudflare.Env {
   RATE_LIMITER?: RateLimit;
   /** the binding's period in seconds, sent as `retry-after` when limited (default 60) */
   RATE_LIMIT_PERIOD_S?: string;
+  /** test-only (the benchmark): `count_only` counts predicted vs reported cached tokens but never drops a node's prefix entries when it lost its cache */
+  TEST_CACHE_FEEDBACK?: string;
   /** Durable Object location hint for the ClusterState objects (wnam, enam, sam, weur, eeur, apac, oc, afr, me): put them near the engines */
   STATE_LOCATION_HINT?: string;
   [secret: string]: unknown;

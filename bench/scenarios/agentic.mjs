@@ -12,19 +12,27 @@
 // engines count it (P's, or the colocated nodes'), decode KV use peak and mean, and the share of
 // TTFT spent waiting for KV memory.
 //
-// Time: --time-scale real ms per simulated ms (0.05 by default: a run of about ten simulated
-// minutes takes half a real one); the router's real time per request shows in the report.
-import { readFileSync } from 'node:fs';
+// Time: --time-scale real ms per simulated ms; the router's real time per request shows in the
+// report. The router polls the engines' /metrics in real time (signals.intervalMs, at least 1 s)
+// and its admission queue waits in real time: at a small time scale one poll is a long stretch of
+// simulated time. --parallel N runs N configurations at once, each in its own process (its own
+// engines, clock, event loop and router; a run keeps the machine mostly idle), so a larger time
+// scale fits the same wall time. A request's time waiting at the edge (server-timing `queue`) is the client's: it is added
+// to the engines' TTFT and E2E, in simulated ms.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import http from 'node:http';
 import { engineOverrides, numberOption, stringOption } from '../lib/args.mjs';
 import { AGENTIC_SEED, agenticProfile, agenticTrace } from '../lib/agentic-trace.mjs';
-import { startStack } from '../lib/harness.mjs';
-import { postJson } from '../lib/http-client.mjs';
+import { onShutdown, startStack, workerSnapshot } from '../lib/harness.mjs';
+import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { SEED002, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
+import { routerMetrics, sumBy, total } from '../lib/prometheus.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { promptOfTraceRequest } from '../lib/trace.mjs';
 
@@ -43,8 +51,16 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 /** @param {string} [file] @returns {AgenticConfig[]} */
 export function agenticConfigs(file) {
-  const doc = JSON.parse(readFileSync(file ?? path.join(HERE, 'agentic-configs.json'), 'utf8'));
-  return doc.configs;
+  return agenticConfigsFile(file).configs;
+}
+
+/**
+ * The configurations file: the rows, and `document`, the cluster document's settings every row
+ * shares (signals, admission).
+ * @param {string} [file] @returns {{ configs: AgenticConfig[], document?: Record<string, unknown> }}
+ */
+export function agenticConfigsFile(file) {
+  return JSON.parse(readFileSync(file ?? path.join(HERE, 'agentic-configs.json'), 'utf8'));
 }
 
 /** @param {Record<string, string | true>} options */
@@ -57,6 +73,8 @@ export function agenticConfig(options) {
     // sessions a simulated second; calibrated (docs/simulator.md)
     sessionsPerS: numberOption(options, 'sessions-per-s', 1),
     timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.05),
+    // configurations run at once (each its own engines, clock and router)
+    parallel: Math.max(1, numberOption(options, 'parallel', 1)),
     preset: stringOption(options, 'preset', 'seed002'),
     configsFile: stringOption(options, 'configs'),
     only: only ? only.split(',').map((s) => s.trim()) : undefined,
@@ -80,15 +98,16 @@ export async function runAgentic(options) {
   const cfg = agenticConfig(options);
   const trace = agenticTrace({ requests: cfg.requests, seed: cfg.seed, sessionsPerS: cfg.sessionsPerS });
   const profile = agenticProfile(trace);
-  const all = agenticConfigs(cfg.configsFile);
+  const file = agenticConfigsFile(cfg.configsFile);
+  const all = file.configs;
   const chosen = all.filter((c) => (cfg.only ? cfg.only.includes(c.name) : c.enabled !== false));
   const skipped = all.filter((c) => !chosen.includes(c)).map((c) => ({ name: c.name, why: c.why ?? 'not selected' }));
-  const results = [];
-  for (const c of chosen) {
+  const runOne = async (/** @type {AgenticConfig} */ c) => {
     const stack = await startStack({
       engines: enginesOf(c.nodes),
       defaults: { timeScale: cfg.timeScale, preset: cfg.preset, ...cfg.engine },
       clusterDocument: (started) => ({
+        ...file.document,
         protocol: c.protocol,
         policy: c.policy,
         // requests of a minute or more are normal here: the router's defaults are 2 minutes a leg
@@ -103,16 +122,38 @@ export async function runAgentic(options) {
       const wallS = (performance.now() - started) / 1000;
       const stats = await stack.stats();
       const perRequest = await stack.requestStats();
-      results.push({ ...agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale), wallS: round(wallS, 1) });
+      const metrics = await routerMetrics(stack.router.url);
       process.stderr.write(`agentic ${c.name}: ${round(wallS, 1)} s\n`);
+      return { ...agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale, metrics, trace.length), wallS: round(wallS, 1) };
     } finally {
       await stack.close();
     }
-  }
+  };
+  /** @type {Record<string, any>[]} */
+  const results = new Array(chosen.length);
+  let next = 0;
+  const runIt = cfg.parallel > 1 && chosen.length > 1 ? (/** @type {AgenticConfig} */ c) => runInChild(c, options) : runOne;
+  if (cfg.parallel > 1) workerSnapshot(); // the report names the Worker code the children measured
+  await Promise.all(
+    Array.from({ length: Math.min(cfg.parallel, chosen.length) }, async () => {
+      while (next < chosen.length) {
+        const i = next++;
+        results[i] = await runIt(chosen[i]);
+      }
+    }),
+  );
   const comparisons = agenticComparisons(results);
   return {
-    report: { scenario: 'agentic', config: { ...cfg, configs: chosen.map((c) => c.name) }, profile, skipped, results, comparisons, published: SEED002 },
-    table: `${profileTable(profile)}\n\n${agenticTable(results)}\n\n${comparisonsTable(comparisons)}${skipped.length ? `\n\nnot run: ${skipped.map((s) => `${s.name} (${s.why})`).join('; ')}` : ''}`,
+    report: {
+      scenario: 'agentic',
+      config: { ...cfg, configs: chosen.map((c) => c.name), document: file.document ?? {} },
+      profile,
+      skipped,
+      results,
+      comparisons,
+      published: SEED002,
+    },
+    table: `${profileTable(profile)}\n\n${agenticTable(results)}\n\n${ttftTable(results)}\n\n${comparisonsTable(comparisons)}${skipped.length ? `\n\nnot run: ${skipped.map((s) => `${s.name} (${s.why})`).join('; ')}` : ''}`,
     chart: {
       title: `agentic (seed 002): ${cfg.requests} requests, 8 x H20 + Qwen3-Coder-30B-A3B (simulated)`,
       series: results.map((r) => r.name),
@@ -125,6 +166,49 @@ export async function runAgentic(options) {
       ],
     },
   };
+}
+
+/**
+ * One configuration in a child process (`bench/run.mjs agentic --config NAME`, the same options),
+ * so the simulated engines of concurrent configurations do not share an event loop: a late event
+ * would stretch the simulated time of all of them.
+ * @param {AgenticConfig} c @param {Record<string, string | true>} options
+ * @returns {Promise<Record<string, any>>}
+ */
+async function runInChild(c, options) {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-agentic-'));
+  const json = path.join(dir, 'result.json');
+  const argv = [];
+  for (const [k, v] of Object.entries({ ...options, config: c.name, parallel: '1', json })) argv.push(v === true ? `--${k}` : `--${k}=${v}`);
+  const child = spawn(process.execPath, [path.join(HERE, '..', 'run.mjs'), 'agentic', ...argv], { stdio: ['ignore', 'ignore', 'pipe'], env: process.env });
+  const stop = onShutdown(async () => void child.kill('SIGTERM'));
+  /** @type {string[]} */
+  const tail = [];
+  child.stderr.on('data', (/** @type {Buffer} */ d) => {
+    process.stderr.write(d);
+    tail.push(d.toString('utf8'));
+    if (tail.length > 20) tail.shift();
+  });
+  try {
+    const code = await new Promise((resolve) => child.once('exit', resolve));
+    if (code !== 0) throw new Error(`agentic ${c.name}: the child run exited with ${code}: ${tail.join('').slice(-2000)}`);
+    return JSON.parse(readFileSync(json, 'utf8')).results[0];
+  } finally {
+    stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * @typedef {{ id: string, session?: number, turn?: number, status: number, error?: string, totalMs: number, mode?: string, edgeQueueMs?: number, retries?: number }} AgenticOutcome
+ *   mode: the route receipt (x-pd-mode); edgeQueueMs: real ms the request waited at the edge for a
+ *   decode node that was not busy (server-timing `queue`), 0 when it did not wait
+ */
+
+/** The `queue` entry of a server-timing header, in ms (0 when absent). @param {unknown} header */
+export function edgeQueueMs(header) {
+  const m = /(?:^|,\s*)queue;dur=([0-9.]+)/.exec(typeof header === 'string' ? header : '');
+  return m ? Number(m[1]) : 0;
 }
 
 /**
@@ -150,20 +234,32 @@ async function replay(stack, trace, timeScale, tag) {
     if (!sessions.has(r.session)) sessions.set(r.session, []);
     /** @type {typeof trace} */ (sessions.get(r.session)).push(r);
   }
-  /** @type {{ id: string, session: number, turn: number, status: number, error?: string, totalMs: number }[]} */
+  /** @type {AgenticOutcome[]} */
   const outcomes = [];
   const runSession = async (/** @type {typeof trace} */ turns) => {
     await until(turns[0].arrivalS * 1000);
     for (const r of turns) {
       if (r.thinkS > 0) await sleep(r.thinkS * 1000 * timeScale);
       const id = `agentic-s${r.session}-t${r.turn}`;
-      const res = await postJson(
+      // a keep-alive socket the server closed while idle (a session's tool run) is retried: the
+      // request never reached the router (http-client.mjs isDevProxyGlitch); counted
+      const res = await postJsonRetrying(
         `${stack.router.url}/v1/completions`,
         { model: 'sim-model', prompt: promptOfTraceRequest(r), max_tokens: r.output_length, stream: false },
         { agent, headers: { 'x-request-id': id, 'x-session-id': `${tag}-s${r.session}` } },
       );
       const error = res.error ?? (res.status === 200 ? undefined : `HTTP ${res.status}: ${JSON.stringify(res.json ?? '').slice(0, 200)}`);
-      outcomes.push({ id, session: r.session, turn: r.turn, status: res.status, error, totalMs: res.totalMs });
+      outcomes.push({
+        id,
+        session: r.session,
+        turn: r.turn,
+        status: res.status,
+        error,
+        totalMs: res.totalMs,
+        mode: typeof res.headers['x-pd-mode'] === 'string' ? res.headers['x-pd-mode'] : undefined,
+        edgeQueueMs: edgeQueueMs(res.headers['server-timing']),
+        retries: res.retries ?? 0,
+      });
       if (error) break; // the session's history is broken from here
     }
   };
@@ -172,34 +268,49 @@ async function replay(stack, trace, timeScale, tag) {
   return outcomes;
 }
 
+/** Legs whose engine computed the prompt: P's, or the node's own (colocated, a decode node prefilling alone). */
+const PREFILL_LEGS = new Set(['vllmPrefill', 'mooncakePrefill', 'sglangPrefill', 'colocated']);
+
 /**
  * @param {AgenticConfig} c
- * @param {{ id: string, status: number, error?: string, totalMs: number }[]} outcomes
+ * @param {AgenticOutcome[]} outcomes
  * @param {Record<string, any>} stats @param {Record<string, Record<string, any>>} perRequest
  * @param {number} timeScale
+ * @param {import('../lib/prometheus.mjs').Sample[]} [metrics] the router's /metrics after the run
+ * @param {number} [requestsInTrace]
  */
-export function agenticFigures(c, outcomes, stats, perRequest, timeScale) {
+export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metrics = [], requestsInTrace = outcomes.length) {
   const engines = Object.values(stats);
-  const prefillSide = engines.filter((e) => e.role === 'prefill' || e.role === 'both');
   const decodeSide = engines.filter((e) => e.role === 'decode' || e.role === 'both');
   const sum = (/** @type {any[]} */ list, /** @type {(e: any) => number} */ f) => list.reduce((a, e) => a + f(e), 0);
-  // the record of the leg that produced the answer (the D leg, or the colocated node), per request
+  // per request: the record of the leg that produced the answer (the D leg, or the node that
+  // served alone) and of the leg that computed the prompt (P's, or that same node's)
   /** @type {Map<string, any>} */
   const answered = new Map();
+  /** @type {Map<string, any>} */
+  const prefilled = new Map();
   for (const [upstreamId, legs] of Object.entries(perRequest)) {
     const m = /(agentic-s\d+-t\d+)/.exec(upstreamId);
     if (!m) continue;
-    for (const rec of Object.values(legs)) if (rec.ttftMs !== undefined) answered.set(m[1], rec);
+    for (const rec of Object.values(legs)) {
+      if (rec.ttftMs !== undefined) answered.set(m[1], rec);
+      if (PREFILL_LEGS.has(rec.leg) && rec.promptTokens !== undefined) prefilled.set(m[1], rec);
+    }
   }
-  const ok = outcomes.filter((o) => o.status === 200 && !o.error);
-  const recs = ok.map((o) => answered.get(o.id)).filter(Boolean);
-  const ttft = recs.map((r) => r.ttftMs);
-  const tpot = recs.map((r) => r.tpotMs).filter(Number.isFinite);
-  const e2e = recs.map((r) => r.e2eMs);
-  const overhead = ok.map((o) => {
-    const r = answered.get(o.id);
-    return r ? Math.max(0, o.totalMs / timeScale - r.e2eMs) : NaN;
-  });
+  const ok = outcomes.filter((o) => o.status === 200 && !o.error && answered.has(o.id));
+  // the client's time: what it waited at the edge (real ms, scaled) and then the engines' own
+  const edge = (/** @type {AgenticOutcome} */ o) => (o.edgeQueueMs ?? 0) / timeScale;
+  const ttftOf = (/** @type {AgenticOutcome} */ o) => edge(o) + answered.get(o.id).ttftMs;
+  const ttft = ok.map(ttftOf);
+  const tpot = ok.map((o) => answered.get(o.id).tpotMs).filter(Number.isFinite);
+  const e2e = ok.map((o) => edge(o) + answered.get(o.id).e2eMs);
+  const overhead = ok.map((o) => Math.max(0, o.totalMs / timeScale - edge(o) - answered.get(o.id).e2eMs));
+  const queued = ok.filter((o) => (o.edgeQueueMs ?? 0) > 0);
+  const prefillRecs = ok.map((o) => prefilled.get(o.id)).filter(Boolean);
+  /** @type {Record<string, number>} */
+  const modes = {};
+  for (const o of ok) modes[o.mode ?? 'none'] = (modes[o.mode ?? 'none'] ?? 0) + 1;
+  const decisions = Object.fromEntries(Object.entries(sumBy(metrics, 'pd_router_disagg_decisions_total', ['mode', 'reason'])).filter(([, n]) => n > 0));
   return {
     name: c.name,
     config: c.config,
@@ -210,31 +321,102 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale) {
     ttftP90Ms: round(percentile(ttft, 90), 1),
     tpotP90Ms: round(percentile(tpot, 90), 2),
     e2eP50Ms: round(percentile(e2e, 50), 1),
-    // the prefix hit ratio as the engines count it: tokens found in the prefill side's caches
+    // the prefix hit ratio as the engines count it: tokens found in the cache of the engine that
+    // computed each prompt (P, the colocated node, or a decode node prefilling alone)
     hitRatio: round(
-      sum(prefillSide, (e) => e.cachedTokens) /
+      sum(prefillRecs, (r) => r.cachedTokens ?? 0) /
         Math.max(
           1,
-          sum(prefillSide, (e) => e.promptTokens),
+          sum(prefillRecs, (r) => r.promptTokens),
         ),
       4,
     ),
     decodeKvPeak: round(Math.max(...decodeSide.map((e) => e.kvUsagePeak)), 4),
     decodeKvMean: round(mean(decodeSide.map((e) => e.kvUsageMean)), 4),
     kvWaitShare: round(
-      sum(recs, (r) => r.kvWaitMs ?? 0) /
+      sum(ok, (o) => answered.get(o.id).kvWaitMs ?? 0) /
         Math.max(
           1,
-          sum(recs, (r) => r.ttftMs),
+          sum(ttft, (t) => t),
         ),
       4,
     ),
+    // requests that waited at the edge for a decode node that was not busy (admission queue)
+    edgeQueued: queued.length,
+    edgeQueueP90Ms: round(percentile(queued.map(edge), 90), 1),
+    edgeQueueMaxMs: round(Math.max(0, ...queued.map(edge)), 1),
+    edgeWaitShare: round(
+      sum(ok, edge) /
+        Math.max(
+          1,
+          sum(ttft, (t) => t),
+        ),
+      4,
+    ),
+    ttftBreakdown: ttftBreakdown(ok, answered, prefilled, edge),
+    modes,
+    decisions,
+    admissionRejected: total(metrics, 'pd_router_admission_rejected_total'),
     completed: ok.length,
     failed: outcomes.length - ok.length,
+    // sessions stop at a failed turn: requests of the trace never sent
+    notSent: Math.max(0, requestsInTrace - outcomes.length),
+    clientRetries: outcomes.reduce((a, o) => a + (o.retries ?? 0), 0),
     errorSamples: [...new Set(outcomes.filter((o) => o.error).map((o) => String(o.error)))].slice(0, 5),
     preemptions: sum(decodeSide, (e) => e.preemptions),
     decodeRequests: decodeSide.map((e) => e.requests.total),
-    routerOverheadSimP50Ms: round(percentile(overhead.filter(Number.isFinite), 50), 1),
+    routerOverheadSimP50Ms: round(percentile(overhead, 50), 1),
+  };
+}
+
+/**
+ * Where the time to first token goes, as means in simulated ms (they add up to the mean TTFT):
+ * waiting at the edge; queued at the engine that computed the prompt (P, or the node serving
+ * alone), of which waiting for KV memory there; computing it (P's prefill, or the node's prefill
+ * and first token); and, when disaggregated, what follows P: the decode node's wait (for KV
+ * memory too), the KV pull and its first step.
+ * @param {AgenticOutcome[]} ok @param {Map<string, any>} answered @param {Map<string, any>} prefilled
+ * @param {(o: AgenticOutcome) => number} edge
+ */
+export function ttftBreakdown(ok, answered, prefilled, edge) {
+  let edgeMs = 0;
+  let queue = 0;
+  let queueKv = 0;
+  let compute = 0;
+  let handoff = 0;
+  let handoffKv = 0;
+  for (const o of ok) {
+    const a = answered.get(o.id);
+    const p = prefilled.get(o.id);
+    edgeMs += edge(o);
+    if (!p || p === a) {
+      // served alone: its queue, then prefill and first token
+      const q = Math.min(a.ttftMs, a.queueMs ?? 0);
+      queue += q;
+      queueKv += Math.min(q, a.kvWaitMs ?? 0);
+      compute += a.ttftMs - q;
+      continue;
+    }
+    const q = p.queueMs ?? 0;
+    const pre = p.prefillMs ?? 0;
+    queue += q;
+    queueKv += Math.min(q, p.kvWaitMs ?? 0);
+    compute += pre;
+    const rest = Math.max(0, a.ttftMs - q - pre);
+    handoff += rest;
+    // D took its blocks when the request arrived (Mooncake): its KV wait overlaps P's work
+    handoffKv += Math.min(rest, Math.max(0, (a.kvWaitMs ?? 0) - q - pre));
+  }
+  const n = Math.max(1, ok.length);
+  const r = (/** @type {number} */ x) => round(x / n, 1);
+  return {
+    edgeMs: r(edgeMs),
+    queueMs: r(queue),
+    queueKvMs: r(queueKv),
+    prefillMs: r(compute),
+    handoffMs: r(handoff),
+    handoffKvMs: r(handoffKv),
+    ttftMeanMs: r(edgeMs + queue + compute + handoff),
   };
 }
 
@@ -287,6 +469,8 @@ function agenticTable(results) {
       'APC',
       'decode KV peak / mean',
       'TTFT share waiting for KV',
+      'waited at the edge: requests / p90 / max s',
+      'local / disaggregated',
       'completed (failed)',
       'preemptions',
       'router p50 (sim ms)',
@@ -300,10 +484,42 @@ function agenticTable(results) {
       r.hitRatio,
       `${r.decodeKvPeak} / ${r.decodeKvMean}`,
       r.kvWaitShare,
-      `${r.completed} (${r.failed})`,
+      r.edgeQueued ? `${r.edgeQueued} / ${round(r.edgeQueueP90Ms / 1000, 2)} / ${round(r.edgeQueueMaxMs / 1000, 2)}` : '0',
+      r.modes.local || r.disaggregation === 'conditional' ? `${r.modes.local ?? 0} / ${r.modes.disaggregated ?? 0}` : '',
+      `${r.completed} (${r.failed}${r.notSent ? `, ${r.notSent} not sent` : ''})`,
       r.preemptions,
       r.routerOverheadSimP50Ms,
       r.wallS,
     ]),
+  );
+}
+
+/** Where the TTFT goes, per configuration (means, simulated s). @param {Record<string, any>[]} results */
+function ttftTable(results) {
+  const s = (/** @type {number} */ ms) => round(ms / 1000, 3);
+  return markdownTable(
+    [
+      'config (TTFT means, s)',
+      'TTFT',
+      'at the edge',
+      'queued at the prefilling engine (of it for KV)',
+      'prefill',
+      'after P: D waits, pulls, first step (of it for KV)',
+      'decisions',
+    ],
+    results.map((r) => {
+      const b = r.ttftBreakdown;
+      return [
+        r.name,
+        s(b.ttftMeanMs),
+        s(b.edgeMs),
+        `${s(b.queueMs)} (${s(b.queueKvMs)})`,
+        s(b.prefillMs),
+        r.protocol === 'colocated' ? '' : `${s(b.handoffMs)} (${s(b.handoffKvMs)})`,
+        Object.entries(r.decisions)
+          .map(([k, n]) => `${k} ${n}`)
+          .join(', '),
+      ];
+    }),
   );
 }

@@ -33,6 +33,21 @@ export const MULTITURN_CONFIGS = {
   p_affinity: { policy: { prefill: 'affinity', decode: 'round_robin' }, prefill: 2, decode: 2, label: 'P affinity, D round-robin' },
   pd_affinity: { policy: { prefill: 'affinity', decode: 'affinity' }, prefill: 2, decode: 2, label: 'P+D affinity' },
   cache_aware: { policy: { prefill: 'cache_aware', decode: 'cache_aware' }, prefill: 2, decode: 2, label: 'cache_aware' },
+  // conditional disaggregation (issue 17): D first, a turn whose prompt D mostly holds is prefilled there alone
+  pd_affinity_conditional: {
+    policy: { prefill: 'affinity', decode: 'affinity', disaggregation: 'conditional' },
+    prefill: 2,
+    decode: 2,
+    label: 'P+D affinity, conditional disaggregation',
+  },
+  // the same with the local-prefill threshold above a turn's new tokens (2,048 + the answer): D
+  // prefills every later turn itself (sensitivity: what the threshold protects)
+  pd_affinity_conditional_4k: {
+    policy: { prefill: 'affinity', decode: 'affinity', disaggregation: 'conditional', localPrefillTokens: 4096 },
+    prefill: 2,
+    decode: 2,
+    label: 'P+D affinity, conditional, localPrefillTokens 4096',
+  },
   isolation_1p1d: { policy: { prefill: 'affinity', decode: 'affinity' }, prefill: 1, decode: 1, label: '1P+1D isolation baseline', loadShare: 0.5 },
 };
 const DEFAULT_CONFIGS = ['round_robin', 'p_affinity', 'pd_affinity', 'isolation_1p1d'];
@@ -65,7 +80,7 @@ export function multiturnConfig(options) {
  */
 export async function runConversations(routerUrl, cfg, idPrefix = '') {
   const agent = createAgent(cfg.concurrency);
-  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, totalMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string }[]} */
+  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, totalMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string, mode?: string }[]} */
   const turns = [];
   let nextConv = 0;
   const worker = async () => {
@@ -93,6 +108,7 @@ export async function runConversations(routerUrl, cfg, idPrefix = '') {
           promptTokens: res.usage?.prompt_tokens ?? 0,
           prefill: /** @type {string | undefined} */ (res.headers['x-pd-prefill']),
           decode: /** @type {string | undefined} */ (res.headers['x-pd-decode']),
+          mode: /** @type {string | undefined} */ (res.headers['x-pd-mode']),
         });
         if (res.status !== 200) break; // the history would be wrong from here on
         messages.push({ role: 'assistant', content: res.text ?? '' });
@@ -175,7 +191,7 @@ export async function runMultiturn(options) {
 
 /**
  * @param {object} input
- * @param {{ conv: number, turn: number, status: number, error?: string, totalMs?: number }[]} input.turns
+ * @param {{ conv: number, turn: number, status: number, error?: string, totalMs?: number, mode?: string }[]} input.turns
  * @param {Record<string, any>} input.stats engine id -> engine stats
  * @param {Record<string, Record<string, any>>} input.perRequest x-request-id -> engine id -> leg figures
  * @param {number} input.wallS
@@ -217,7 +233,9 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   const e2eByTurn = new Map();
   for (const [id, legs] of Object.entries(perRequest)) {
     const m = /(conv\d+-turn\d+)/.exec(id);
-    for (const rec of Object.values(legs)) if (m && rec.leg === 'vllmDecode' && rec.e2eMs !== undefined) e2eByTurn.set(m[1], rec.e2eMs);
+    // the answering leg: D's, or D prefilling alone (conditional disaggregation: no KV handle, the
+    // engine's colocated path)
+    for (const rec of Object.values(legs)) if (m && (rec.leg === 'vllmDecode' || rec.leg === 'colocated') && rec.e2eMs !== undefined) e2eByTurn.set(m[1], rec.e2eMs);
   }
   const overheadSimMs = [];
   const overheadShare = [];
@@ -263,6 +281,11 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     meanItlMs: round(mean(itl), 2),
     // share of D's step time lost to KV landing on it (seed 000's collision)
     dLandingShare: round(sum(ds, (e) => e.ingestStallMs) / Math.max(1, dBusy), 4),
+    // ... and in simulated ms: the decode steps' time spent landing KV
+    dLandingMs: round(
+      sum(ds, (e) => e.ingestStallMs),
+      1,
+    ),
     dKvPeak: round(Math.max(...ds.map((e) => e.kvUsagePeak)), 3),
     outputTokens,
     simSpanS: round(simSpanMs / 1000, 1),
@@ -274,7 +297,9 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     routerOverheadSimP50Ms: round(percentile(overheadSimMs, 50), 1),
     routerOverheadShareP50: round(percentile(overheadShare, 50), 4),
     pRequests: ps.map((e) => e.requests.vllmPrefill),
-    dRequests: ds.map((e) => e.requests.vllmDecode),
+    dRequests: ds.map((e) => e.requests.vllmDecode + e.requests.colocated),
+    // turns D prefilled alone (route receipt x-pd-mode: local)
+    localTurns: turns.filter((t) => t.mode === 'local').length,
     wallS: round(wallS, 2),
   };
 }
@@ -338,7 +363,7 @@ function multiturnTable(results) {
       'P hit ratio',
       'D KV peak',
       'P reqs',
-      'D reqs',
+      'D reqs (of them local)',
       'router overhead p50 (sim ms, share of a turn)',
       'errors (retried)',
       'sim s / wall s',
@@ -357,7 +382,7 @@ function multiturnTable(results) {
       r.pHitRatio,
       r.dKvPeak,
       r.pRequests.join('/'),
-      r.dRequests.join('/'),
+      `${r.dRequests.join('/')} (${r.localTurns})`,
       `${r.routerOverheadSimP50Ms} (${r.routerOverheadShareP50})`,
       `${r.errors} (${r.devProxyRetries})`,
       `${r.simSpanS} / ${r.wallS}`,

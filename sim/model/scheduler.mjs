@@ -256,7 +256,7 @@ export class EngineCore {
     if (t > this.lastEnd + 1e-9) this.landedMark = this.o.landed?.() ?? 0; // idle meanwhile: what landed then cost nothing
     const { items, kvBlocked } = this.#schedule(t);
     for (const s of this.waiting) {
-      if (kvBlocked) s.kvBlockedSince ??= t;
+      if (kvBlocked) s.kvBlockedSince ??= Math.max(t, s.arrival);
       else if (s.kvBlockedSince !== undefined) {
         s.kvWaitMs += t - s.kvBlockedSince;
         s.kvBlockedSince = undefined;
@@ -264,8 +264,14 @@ export class EngineCore {
     }
     this.#sampleUsage(t);
     if (items.length === 0) {
-      this.stepping = false;
       this.lastEnd = t;
+      const head = this.waiting[0];
+      if (head && !kvBlocked && head.arrival > t) {
+        // the step loop ran behind the clock (a late event loop): the next step is at its arrival
+        this.o.clock.at(head.arrival, (at) => this.#step(at));
+        return;
+      }
+      this.stepping = false;
       return;
     }
     const batch = { decodeContexts: /** @type {number[]} */ ([]), prefills: /** @type {{ tokens: number, context: number }[]} */ ([]) };
@@ -323,6 +329,10 @@ export class EngineCore {
     let kvBlocked = false;
     while (!preempted && this.waiting.length > 0 && this.running.length + this.loading.size < maxNumSeqs) {
       const seq = this.waiting[0];
+      // A step at t sees only the requests that had arrived by t. The step loop chains its steps
+      // in simulated time, while a request's arrival is the clock's now(): when the event loop ran
+      // late the loop is behind, and admitting a later arrival would serve it before it came.
+      if (seq.arrival > t) break;
       const remote = seq.kind === 'remote';
       if (!remote && budget <= 0) break;
       const hit = memory.lookup(seq.hashes);

@@ -11,6 +11,23 @@ export function isBusy(n: Pick<CandidateNode, "signals">, guard: GuardSettings):
 }
 
 /**
+ * Busy for one request of `tokens` prompt tokens: busy already, or the request's tokens would take
+ * the node's projected KV use to `kvBusy` — a decode node holds the whole prompt of every request
+ * it runs, and in an agentic workload one prompt can be half a node's KV, so a node just under
+ * `kvBusy` given it lands at the wall (Dynamo's decode-busy gate counts the request's own blocks:
+ * ai-dynamo/dynamo lib/kv-router/src/conditional_disagg.rs). Needs the engine's reported KV
+ * capacity; a request that alone is `kvBusy` of the capacity or more is judged by the node's
+ * state alone (no node could ever take it otherwise).
+ */
+export function isBusyFor(n: Pick<CandidateNode, "signals">, guard: GuardSettings, tokens: number): boolean {
+  if (isBusy(n, guard)) return true;
+  const s = n.signals;
+  if (!s || s.kvUsage === null || !s.kvCapacityTokens || !(s.kvCapacityTokens > 0)) return false;
+  const share = Math.max(0, tokens) / s.kvCapacityTokens;
+  return share < guard.kvBusy && s.kvUsage + share >= guard.kvBusy;
+}
+
+/**
  * KV use as extra in-flight requests: k / (1 - k). 0 at an empty cache, 1 at half full, 4 at 0.8,
  * 9 at 0.9, without bound as k nears 1. The barrier is added to the node's in-flight count wherever
  * a policy weighs load — bounded load's check and totals (affinity, cache_aware, the sticky check)

@@ -2,7 +2,7 @@
 // gathers the nodes, loads, health, key, prefix matches and cursors, and applies the Decision.
 
 import { loadBound } from "./bounded-load";
-import { isBusy, kvBarrier } from "./kv-guard";
+import { isBusyFor, kvBarrier } from "./kv-guard";
 import { decideLocalPrefill, type LocalPrefillAnswer } from "./local-prefill";
 import { compareIds, rendezvousScore } from "./rendezvous";
 import type {
@@ -240,11 +240,7 @@ function prefillPoolFor(input: SelectionInput, decodeId: string): Pool {
  * uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks).
  */
 export function decodeBusyWith(n: CandidateNode, guard: GuardSettings | null, tokens: number): boolean {
-  if (guard === null) return false;
-  if (isBusy(n, guard)) return true;
-  const s = n.signals;
-  if (!s || s.kvUsage === null || !s.kvCapacityTokens || !(s.kvCapacityTokens > 0)) return false;
-  return s.kvUsage + Math.max(0, tokens) / s.kvCapacityTokens >= guard.kvBusy;
+  return guard !== null && isBusyFor(n, guard, tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,7 +332,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   const inScope = (n: CandidateNode): boolean => group === undefined || n.group === group;
   const scope = nodes.filter(inScope);
   const guard = pool.guard;
-  const busy = (n: CandidateNode): boolean => guard !== null && isBusy(n, guard);
+  // busy for this request: a decode node this request's prompt would take to kvBusy is busy too
+  const busy = (n: CandidateNode): boolean => guard !== null && isBusyFor(n, guard, promptTokensOf(pool.promptChars, n.charsPerToken));
   /** may take new work: available and not busy */
   const open = (n: CandidateNode): boolean => isAvailable(n) && !busy(n);
   const eligible = (n: CandidateNode): boolean => open(n) && inScope(n);

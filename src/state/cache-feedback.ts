@@ -78,6 +78,12 @@ export class CacheFeedback {
   readonly #byNode = new Map<string, NodeFeedback>();
 
   /**
+   * `corrects: false` counts and judges the answers but never says a node lost its cache, so the
+   * index is never corrected: the benchmark's "without feedback" (TEST_CACHE_FEEDBACK=count_only).
+   */
+  constructor(private readonly corrects = true) {}
+
+  /**
    * An engine answered for a request the router predicted for (`charsPerToken`: the node's rate
    * at routing time). Counts both figures and judges the answer.
    */
@@ -94,7 +100,7 @@ export class CacheFeedback {
     if (cached > 0) f.everCached = true;
     if (verdict === "miss") f.missStreak += 1;
     else if (verdict !== "unjudged") f.missStreak = 0;
-    const cacheLost = f.missStreak >= LOST_AFTER_MISSES;
+    const cacheLost = this.corrects && f.missStreak >= LOST_AFTER_MISSES;
     if (cacheLost) {
       f.missStreak = 0;
       f.cacheLost += 1;

@@ -18,10 +18,12 @@ const ROLES = ["prefill", "decode"] as const;
 export class PrefixMemory {
   readonly index: Record<Role, PrefixIndex>;
   readonly rates = new CharsPerToken();
-  readonly feedback = new CacheFeedback();
+  readonly feedback: CacheFeedback;
 
-  constructor(maxEntries = PREFIX_INDEX_ENTRIES) {
+  /** `corrects: false` only counts (CacheFeedback says why) */
+  constructor(maxEntries = PREFIX_INDEX_ENTRIES, corrects = true) {
     this.index = { prefill: new PrefixIndex(maxEntries), decode: new PrefixIndex(maxEntries) };
+    this.feedback = new CacheFeedback(corrects);
   }
 
   /** For each candidate of the pool, how many leading blocks of the prompt it is believed to hold. */

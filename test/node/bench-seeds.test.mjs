@@ -55,27 +55,45 @@ describe('published ratios against ours', () => {
 });
 
 describe('seed 000 (multiturn --quick): KV transfers collide with decode steps', () => {
-  it('keeping a conversation on its P and D avoids full re-pulls, and with them the ITL spikes', { timeout: 240000 }, async () => {
-    const { report } = await runMultiturn({ quick: true, config: 'round_robin,pd_affinity' });
-    const [rr, pd] = report.results;
-    expect(rr.errors + pd.errors).toBe(0);
+  // At this size (64 turns, a few thousand ITL samples) the ITL p99 of two configurations is
+  // decided by which few steps a landing happens to hit: P+D affinity's ranged 47-60 ms over
+  // runs of the same routing, round-robin's 65-71 ms. What drives the spikes is asserted instead:
+  // how much KV lands on the decode nodes and the step time it costs (gaps of 1.3-1.6x), and the
+  // mechanism conditional disaggregation adds, a local prefill lengthening D's steps (3x).
+  it('keeping a conversation on its P and D avoids full re-pulls, and with them the KV landing on D; a local prefill on D costs its decodes far more', {
+    timeout: 240000,
+  }, async () => {
+    const { report } = await runMultiturn({ quick: true, config: 'round_robin,pd_affinity,pd_affinity_conditional_4k' });
+    const [rr, pd, local] = report.results;
+    expect(rr.errors + pd.errors + local.errors).toBe(0);
     expect(rr.requests).toBe(64);
     expect(pd.prefillCrossNodeFetches).toBe(0);
     expect(rr.prefillCrossNodeFetches).toBeGreaterThan(0);
     expect(pd.dFullRepullsAfterFirst).toBe(0);
     expect(rr.decodeFullRepulls).toBeGreaterThan(pd.decodeFullRepulls);
-    // round-robin lands more KV on the decode nodes, and their steps lose more time to it
-    expect(rr.dBlocksPulled).toBeGreaterThan(pd.dBlocksPulled);
-    expect(rr.dLandingShare).toBeGreaterThan(pd.dLandingShare);
-    expect(rr.itlP99Ms).toBeGreaterThan(pd.itlP99Ms);
+    // round-robin lands more KV on the decode nodes (1.4-1.6x the blocks), and their steps lose more time to it
+    expect(rr.dBlocksPulled).toBeGreaterThan(pd.dBlocksPulled * 1.2);
+    expect(rr.dLandingMs).toBeGreaterThan(pd.dLandingMs);
     expect(pd.pHitRatio).toBeGreaterThan(rr.pHitRatio);
+    // conditional with the threshold above a turn's new tokens: D prefills every later turn itself
+    // (48 of 64 while each conversation keeps its D), pulls mostly first turns, and its prefill
+    // steps stall every decode it runs
+    expect(local.localTurns).toBeGreaterThan(40);
+    expect(local.dBlocksPulled).toBeLessThan(pd.dBlocksPulled);
+    expect(local.itlP99Ms).toBeGreaterThan(pd.itlP99Ms * 2);
     expect(report.comparisons.map((c) => c.what)).toContain('ITL p99: round-robin / P+D affinity');
   });
 });
 
 describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
-  it('fewer decode nodes fill their KV memory and requests wait for it; cache-aware finds more prefixes', { timeout: 300000 }, async () => {
-    const { report } = await runAgentic({ quick: true, requests: '100', 'sessions-per-s': '0.6' });
+  it('fewer decode nodes fill their KV memory and requests wait for it; cache-aware finds more prefixes; conditional prefills warm turns on D', { timeout: 300000 }, async () => {
+    const { report } = await runAgentic({
+      quick: true,
+      requests: '100',
+      'sessions-per-s': '0.6',
+      // four rows, as before the conditional one: 4P+4D is represented by its conditional row
+      config: 'colocated-8/round_robin,colocated-8/cache_aware,pd-6p2d/cache_aware,pd-4p4d/conditional',
+    });
     const by = Object.fromEntries(report.results.map((r) => [r.name, r]));
     for (const r of report.results) {
       expect(r.failed).toBe(0);
@@ -86,9 +104,18 @@ describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
     }
     // half the decode nodes hold the same requests' KV: about twice the use over the run (the peak
     // alone depends on which long prompts happen to overlap)
-    expect(by['pd-6p2d/cache_aware'].decodeKvMean).toBeGreaterThan(by['pd-4p4d/cache_aware'].decodeKvMean * 1.3);
+    expect(by['pd-6p2d/cache_aware'].decodeKvMean).toBeGreaterThan(by['pd-4p4d/conditional'].decodeKvMean * 1.3);
     expect(by['colocated-8/cache_aware'].hitRatio).toBeGreaterThan(by['colocated-8/round_robin'].hitRatio);
-    expect(report.skipped.map((s) => s.name)).toEqual(['pd-4p4d/conditional', 'both-8/conditional']);
+    // conditional: every answer carries its receipt; turns whose prompt D holds are prefilled there
+    // alone (a multi-turn session's later turns), cold ones by a P; the router's counters agree
+    const cond = by['pd-4p4d/conditional'];
+    expect((cond.modes.local ?? 0) + (cond.modes.disaggregated ?? 0)).toBe(100);
+    expect(cond.modes.local).toBeGreaterThan(0);
+    expect(cond.modes.disaggregated).toBeGreaterThan(0);
+    expect(cond.decisions['local/cached']).toBeGreaterThan(0);
+    expect(cond.decisions['disaggregated/cold']).toBeGreaterThan(0);
+    expect(by['pd-6p2d/cache_aware'].modes).toEqual({ disaggregated: 100 });
+    expect(report.skipped.map((s) => s.name)).toEqual(['pd-4p4d/cache_aware', 'both-8/conditional']);
   });
 });
 

@@ -37,8 +37,9 @@ describe("every decode node busy", () => {
     expect(await decodeLegs("d0")).toHaveLength(0);
     expect((await snapshot()).leases).toBe(0);
 
-    // d0's next poll shows room for one request at a time: each release admits the next
-    await setMetrics("d0", kv(0.8, { capacityTokens: 200 }));
+    // d0's next poll shows room for one request at a time (0.7 of 200 tokens: one request of
+    // ~30 tokens fits under kvBusy, two do not): each release admits the next
+    await setMetrics("d0", kv(0.7, { capacityTokens: 200 }));
     await poll();
     const done = await Promise.all(answers);
     for (const res of done) {

@@ -78,14 +78,19 @@ describe("a busy P: D prefills the request itself (prefill_busy)", () => {
     expect((await completionsTo("d0")).at(-1)).not.toHaveProperty("kv_transfer_params");
   });
 
-  it("…unless D is busy too: then P takes it after all (decode_busy)", async () => {
+  it("…unless D has no room for the prompt either: it waits at the edge, since D holds the whole prompt whoever prefills it", async () => {
     await setMetrics("p0", kv(0.2, { waiting: 9, capacityTokens: 100_000 }));
-    await setMetrics("d0", kv(0.89, { capacityTokens: 1000 }));
+    // 0.7 used of 10,000 tokens: not busy, but the prompt's ~3,100 tokens would take it past 0.9
+    await setMetrics("d0", kv(0.7, { capacityTokens: 10_000 }));
     await putNodes(PD, { policy });
     await poll();
     const cold = conversation("both-busy")(1);
-    expect(await explain(cold)).toMatchObject({ mode: "disaggregated", reason: "decode_busy" });
-    expect(await send(cold)).toBe("disaggregated");
-    expect((await completionsTo("p0")).length).toBe(1);
+    const route = await explain(cold);
+    expect(route.admission).toEqual({ wait: true, queued: 0 });
+    expect(route.candidates.decode[0]).toMatchObject({ id: "d0", busy: true });
+    // room on D again: P is still busy, so D prefills it alone
+    await setMetrics("d0", kv(0.2, { capacityTokens: 100_000 }));
+    await poll();
+    expect(await explain(cold)).toMatchObject({ mode: "local", reason: "prefill_busy", admission: { wait: false } });
   });
 });

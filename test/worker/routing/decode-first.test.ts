@@ -56,17 +56,16 @@ describe("decode first: D alone when it holds most of the prompt", () => {
     expect(r).toMatchObject({ mode: "disaggregated", reason: "no_local_prefill" });
   });
 
-  it("a D that this request's tokens would take to kvBusy gets no local prefill: decode_busy", () => {
+  it("a D that this request's tokens would take to kvBusy is busy for it: with every D so the request waits; with room on one, it goes there", () => {
     const d = dOf("k");
-    // 0.85 + 256 tokens / 4096 = 0.91 >= 0.9
-    // both at 0.85 (their KV barrier alike, so affinity keeps its pick)
+    // 0.85 + 2,560 prompt tokens / 4,096 >= 0.9: D holds the whole prompt, local or pulled
     const decode = [vllmD("d0"), vllmD("d1")].map((n) => ({ ...n, signals: { kvUsage: 0.85, queue: 0, ageMs: 10, kvCapacityTokens: 4096 } }));
-    const r = decided(conditional({ decode, prefixMatches: { prefill: {}, decode: { [d]: 18 } } }));
-    expect(r.decode.id).toBe(d);
-    expect(r).toMatchObject({ mode: "disaggregated", reason: "decode_busy" });
-    // with room for it, local again
-    const roomy = decode.map((n) => (n.id === d ? { ...n, signals: { kvUsage: 0.5, queue: 0, ageMs: 10, kvCapacityTokens: 4096 } } : n));
-    expect(decided(conditional({ decode: roomy, prefixMatches: { prefill: {}, decode: { [d]: 18 } } })).mode).toBe("local");
+    const r = conditional({ decode, prefixMatches: { prefill: {}, decode: { [d]: 18 } } });
+    expect(r.ok).toBe(false);
+    expect(!r.ok && r.error.kind).toBe("decode_busy");
+    // with room for it on D, local again
+    const roomy = decode.map((n) => (n.id === d ? { ...n, signals: { kvUsage: 0.2, queue: 0, ageMs: 10, kvCapacityTokens: 4096 } } : n));
+    expect(decided(conditional({ decode: roomy, prefixMatches: { prefill: {}, decode: { [d]: 18 } } }))).toMatchObject({ mode: "local", decode: { id: d } });
   });
 
   it("a cold prompt whose P would queue it (engine queue at queueBusy): D prefills it, prefill_busy; P is shown busy", () => {
