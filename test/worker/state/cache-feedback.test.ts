@@ -23,9 +23,10 @@ describe("judge", () => {
   it("a prediction of fewer than 2 blocks says nothing", () => {
     expect(judge(1, 0, true)).toBe("unjudged");
   });
-  it("half or more of the predicted blocks found: a hit; some: partial (an eviction); none: a miss", () => {
+  it("half or more of the predicted blocks found: a hit; a quarter to a half: partial (an eviction); at most a quarter: a miss", () => {
     expect(judge(10, 5, true)).toBe("hit");
     expect(judge(10, 3, true)).toBe("partial");
+    expect(judge(10, 2, true)).toBe("miss");
     expect(judge(10, 0, true)).toBe("miss");
   });
   it("an answer without cached tokens from a node that never reported any is not a miss (vLLM without --enable-prompt-tokens-details)", () => {
@@ -54,6 +55,15 @@ describe("CacheFeedback", () => {
     expect(f.totals("d0").cacheLost).toBe(1);
   });
 
+  it("a restart behind a shared system prompt: answers in a row that found only that prompt's block mean the cache is gone", () => {
+    const f = new CacheFeedback();
+    f.report(prediction(10), { node: "d0", promptTokens: 6144, cachedTokens: 5120 }, 4);
+    // 10 blocks predicted, 1 found (512 tokens): the system prompt the restarted engine cached again
+    const outcomes = Array.from({ length: LOST_AFTER_MISSES }, () => f.report(prediction(10), { node: "d0", promptTokens: 6144, cachedTokens: 512 }, 4));
+    expect(outcomes.map((o) => o.verdict)).toEqual(Array(LOST_AFTER_MISSES).fill("miss"));
+    expect(outcomes.at(-1)?.cacheLost).toBe(true);
+  });
+
   it("an eviction among hits (a partial answer, or one miss between hits) never throws the node's entries away (property)", () => {
     fc.assert(
       fc.property(fc.array(fc.constantFrom("hit", "partial", "miss"), { maxLength: 40 }), (answers) => {
@@ -61,7 +71,7 @@ describe("CacheFeedback", () => {
         f.report(prediction(10), { node: "d0", promptTokens: 6144, cachedTokens: 5120 }, 4);
         let streak = 0;
         for (const a of answers) {
-          const cached = a === "hit" ? 5120 : a === "partial" ? 1024 : 0;
+          const cached = a === "hit" ? 5120 : a === "partial" ? 1536 : 0;
           const out = f.report(prediction(10), { node: "d0", promptTokens: 6144, cachedTokens: cached }, 4);
           streak = a === "miss" ? streak + 1 : 0;
           expect(out.cacheLost).toBe(streak === LOST_AFTER_MISSES);
