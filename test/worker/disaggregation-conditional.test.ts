@@ -5,6 +5,7 @@
 import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { control, fault, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
+import { LOST_AFTER_MISSES } from "../../src/state/cache-feedback";
 
 const P = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "prefill", ...extra });
 const D = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "decode", ...extra });
@@ -214,9 +215,10 @@ describe("conditional disaggregation: a warm turn is prefilled by D alone", () =
 });
 
 describe("cache-hit feedback: an engine restart clears what the router believed it held", () => {
-  it("two answers that found nothing of well-predicted prefixes drop d0's entries: the next conversation is routed cold, then re-learns", async () => {
+  it(`${LOST_AFTER_MISSES} answers in a row that found nothing of well-predicted prefixes drop d0's entries: the next conversation is routed cold, then re-learns`, async () => {
     await conditional([P("p0"), D("d0")]);
-    const chats = ["a", "b", "c"].map((n) => conversation(`restart-${n}`));
+    // LOST_AFTER_MISSES conversations re-sent after the restart, and one more that is not
+    const chats = Array.from({ length: LOST_AFTER_MISSES + 1 }, (_, i) => conversation(`restart-${i}`));
     for (const chat of chats) {
       expect((await send("/v1/chat/completions", chat.turn(1))).mode).toBe("disaggregated");
       expect((await send("/v1/chat/completions", chat.turn(2))).mode).toBe("local");
@@ -228,9 +230,9 @@ describe("cache-hit feedback: an engine restart clears what the router believed 
     );
     expect(warm.cacheLost).toBe(0);
 
-    // the engine restarts: its prefix cache is empty; the router still predicts the three warm
+    // the engine restarts: its prefix cache is empty; the router still predicts them all warm
     await control("/engines/d0/reset", {});
-    for (const chat of chats.slice(0, 2)) {
+    for (const chat of chats.slice(0, LOST_AFTER_MISSES)) {
       expect((await send("/v1/chat/completions", chat.turn(3))).mode).toBe("local");
     }
     const lost = await waitFor(
@@ -240,12 +242,12 @@ describe("cache-hit feedback: an engine restart clears what the router believed 
     );
     expect(lost.predictedTokens).toBeGreaterThan(lost.cachedTokens);
 
-    // the third conversation was never re-sent: its entries went with the rest, so it is cold again
-    const third = chats[2]!.turn(3);
-    expect(await explain(third)).toMatchObject({ mode: "disaggregated", reason: "cold" });
-    expect((await send("/v1/chat/completions", third)).mode).toBe("disaggregated");
+    // the last conversation was never re-sent: its entries went with the rest, so it is cold again
+    const last = chats[LOST_AFTER_MISSES]!;
+    expect(await explain(last.turn(3))).toMatchObject({ mode: "disaggregated", reason: "cold" });
+    expect((await send("/v1/chat/completions", last.turn(3))).mode).toBe("disaggregated");
     // and re-learns: its next turn is local once more
-    expect((await send("/v1/chat/completions", chats[2]!.turn(4))).mode).toBe("local");
+    expect((await send("/v1/chat/completions", last.turn(4))).mode).toBe("local");
   });
 
   it("a node whose probes fail and come back (a restart) is forgotten: its warm conversations are routed cold", async () => {
