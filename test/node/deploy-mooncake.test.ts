@@ -58,6 +58,15 @@ function decodeEngine(id: "d0" | "d1") {
       const mode = id === "d0" ? state.d0Next : "ok";
       if (id === "d0") state.d0Next = "ok";
       if (mode === "front502") {
+        // "after P finished": the router has read P's answer (its prefill part of the lease ends
+        // then, and /admin/status shows it), not merely P sent it — else the router would rightly
+        // abort P's leg instead, and there would be nothing to release
+        await until(
+          "the router read P's answer",
+          async () => ((await (await rig.fetch("/admin/status", { headers: admin })).json()) as any).nodes.find((n: any) => n.id === "p0").inflight.prefill as number,
+          (n) => n === 0,
+          5000,
+        );
         // what a tunnel or proxy in front of the engine answers: not the engine's JSON
         res.writeHead(502, { "content-type": "text/html" });
         return res.end("<html><body>502 Bad Gateway</body></html>");
