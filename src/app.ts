@@ -32,7 +32,7 @@ app.use(headerLimits());
 // (a node URL pointing back at the router, directly or through a proxy).
 app.use(async function loopGuard(c, next) {
   if (c.req.header(HOP_HEADER) !== undefined) {
-    throw new RouterError(508, "The request came back to the router: a node URL points at the router itself.", "server_error", "routing_loop");
+    throw new RouterError(508, "A node URL points at the router itself (a routing loop).", "server_error", "routing_loop");
   }
   await next();
 });

@@ -194,7 +194,7 @@ function noneInGroup(role: Role, other: Role, tried: string[], pool: CandidateNo
   const available = [...new Set(pool.filter(isAvailable).map((n) => n.group))];
   return fail({
     kind: "no_decode_in_group",
-    message: `pdGroup is strict and no ${role} node may take work in the group of any ${other} candidate (${other} groups tried: ${list(tried)}; groups with an available ${role} node: ${list(available)})`,
+    message: `pdGroup strict: no ${role} node may take work in a group of the ${other} candidates (tried: ${list(tried)}; with an available ${role} node: ${list(available)})`,
   });
 }
 
