@@ -1,7 +1,7 @@
 import type { Context } from "hono";
 import { Hono } from "hono/tiny";
-import { bodyLimit } from "hono/body-limit";
 import { adminAuth } from "../auth/admin-auth";
+import { bodyLimit } from "../auth/request-limits";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
 import { clusterState, invalidateConfig } from "../config/runtime";
@@ -26,12 +26,10 @@ export const adminRoutes = new Hono<AppEnv>();
 adminRoutes.use("*", adminAuth());
 adminRoutes.use(
   "*",
-  bodyLimit({
-    maxSize: MAX_DOCUMENT_BYTES,
-    onError: () => {
-      throw new RouterError(413, `The cluster document exceeds ${MAX_DOCUMENT_BYTES} bytes.`, "invalid_request_error", "request_too_large");
-    },
-  }),
+  bodyLimit(
+    () => MAX_DOCUMENT_BYTES,
+    (max) => new RouterError(413, `The cluster document exceeds ${max} bytes.`, "invalid_request_error", "request_too_large"),
+  ),
 );
 
 const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY });
