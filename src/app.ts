@@ -44,7 +44,10 @@ app.use("/v1/*", async function countAnswered(c, next) {
   if (!c.error && c.res.status < 400 && !ROUTED_PATHS.has(c.req.path)) recordAnswered(c, c.res.status);
 });
 
-const limitBody = bodyLimit<AppEnv>(maxBodyBytes, (max) => new RouterError(413, `The request body exceeds the limit of ${max} bytes.`, "invalid_request_error", "request_too_large"));
+const limitBody = bodyLimit<AppEnv>(
+  maxBodyBytes,
+  (max) => new RouterError(413, `The request body exceeds the limit of ${max} bytes.`, "invalid_request_error", "request_too_large"),
+);
 for (const path of CLIENT_ROUTES) app.use(path, (c, next) => (c.req.method === "POST" ? limitBody(c, next) : next()));
 
 // Hono's tiny preset (its small router keeps the Worker small) would also match "/x/" for "/x":
