@@ -21,15 +21,20 @@ const expectedObject = (issue: Issue) => (issue.input === undefined ? "Required"
 /** A JSON object and nothing else: valibot's own objects accept arrays. */
 const jsonObject = v.custom<Record<string, unknown>>(isJsonObject, expectedObject);
 
-/** Only the keys listed; the others are one problem at the object, naming them all. */
+/**
+ * Only the keys listed; the others are one problem at the object, naming them all, after the
+ * problems of its keys (as valibot's strictObject, whose code the Worker need not carry).
+ */
 export function strictObject<const E extends Entries>(entries: E) {
-  const message = (issue: Issue) => {
-    if (issue.expected !== "never") return "Required";
-    const object = issue.path?.at(-1)?.input as Record<string, unknown>;
-    const unknown = Object.keys(object).filter((key) => !Object.hasOwn(entries, key));
-    return `Unrecognized key(s) in object: ${unknown.map((key) => `'${key}'`).join(", ")}`;
-  };
-  return v.pipe(jsonObject, v.strictObject(entries, message));
+  return v.pipe(
+    jsonObject,
+    v.looseObject(entries, "Required"),
+    v.rawCheck(({ dataset, addIssue }) => {
+      // also when a key's value is wrong (the object is then not "typed"), but not when it is no object
+      const unknown = isJsonObject(dataset.value) ? Object.keys(dataset.value).filter((key) => !Object.hasOwn(entries, key)) : [];
+      if (unknown.length) addIssue({ message: `Unrecognized key(s) in object: ${unknown.map((key) => `'${key}'`).join(", ")}` });
+    }),
+  ) as unknown as v.StrictObjectSchema<E, undefined>;
 }
 
 /** The keys listed are checked; the others pass through untouched. */
@@ -108,8 +113,6 @@ export function check<S extends v.GenericSchema>(schema: S, value: unknown): { o
     ok: false,
     issues: result.issues.map((issue) => {
       const path = (issue.path ?? []).map((item) => item.key as string | number);
-      // an unknown key is a problem of the object that holds it
-      if (issue.type === "strict_object" && issue.expected === "never") path.pop();
       return { path, message: issue.message, missing: issue.kind === "schema" && issue.input === undefined };
     }),
   };

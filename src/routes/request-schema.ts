@@ -12,7 +12,7 @@ const tokenLimit = v.optional(v.nullable(v.pipe(v.number(), integer(), minValue(
 const contentPart = looseObject({ type: v.string() });
 const message = looseObject({
   role: v.string(STRING),
-  content: v.optional(v.union([v.string(), v.array(contentPart), v.null()])),
+  content: v.optional(v.nullable(v.union([v.string(), v.array(contentPart)]))),
 });
 
 const common = {
