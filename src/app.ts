@@ -1,12 +1,11 @@
 import { Hono } from "hono/tiny";
-import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
 import { errorEnvelope, RouterError } from "./errors";
 import { explainRoute, forwardGenerate, forwardInference, forwardOneHop, type AppEnv } from "./routes/inference";
 import { listModels } from "./routes/models";
 import { clientAccess } from "./auth/client-access";
-import { headerLimits } from "./auth/request-limits";
+import { bodyLimit, headerLimits } from "./auth/request-limits";
 import { recordAnswered, recordRejected } from "./observability/metrics";
 import { adminRoutes } from "./routes/admin";
 import { metricsRoutes } from "./routes/metrics";
@@ -32,7 +31,7 @@ app.use(headerLimits());
 // (a node URL pointing back at the router, directly or through a proxy).
 app.use(async function loopGuard(c, next) {
   if (c.req.header(HOP_HEADER) !== undefined) {
-    throw new RouterError(508, "The request came back to the router: a node URL points at the router itself.", "server_error", "routing_loop");
+    throw new RouterError(508, "A node URL points at the router itself (a routing loop).", "server_error", "routing_loop");
   }
   await next();
 });
@@ -45,18 +44,11 @@ app.use("/v1/*", async function countAnswered(c, next) {
   if (!c.error && c.res.status < 400 && !ROUTED_PATHS.has(c.req.path)) recordAnswered(c, c.res.status);
 });
 
-for (const path of CLIENT_ROUTES) {
-  app.use(path, async function limitBody(c, next) {
-    if (c.req.method !== "POST") return next();
-    const maxSize = maxBodyBytes(c.env);
-    return bodyLimit({
-      maxSize,
-      onError: () => {
-        throw new RouterError(413, `The request body exceeds the limit of ${maxSize} bytes.`, "invalid_request_error", "request_too_large");
-      },
-    })(c, next);
-  });
-}
+const limitBody = bodyLimit<AppEnv>(
+  maxBodyBytes,
+  (max) => new RouterError(413, `The request body exceeds the limit of ${max} bytes.`, "invalid_request_error", "request_too_large"),
+);
+for (const path of CLIENT_ROUTES) app.use(path, (c, next) => (c.req.method === "POST" ? limitBody(c, next) : next()));
 
 // Hono's tiny preset (its small router keeps the Worker small) would also match "/x/" for "/x":
 // keep every route exact, as the default router did.

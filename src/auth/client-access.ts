@@ -82,7 +82,7 @@ export async function chargeRateLimit(env: Env, key: string | undefined, request
   );
   if (outcomes.every((o) => o.success)) return;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
-  throw new RouterError(429, "Rate limit reached for requests. Retry after the time given in the retry-after header.", "rate_limit_error", "rate_limit_exceeded", null, {
+  throw new RouterError(429, "Rate limit reached for requests. Retry after retry-after seconds.", "rate_limit_error", "rate_limit_exceeded", null, {
     "retry-after": String(retryAfter),
   });
 }
@@ -103,16 +103,9 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
   const key = `auth-fail:ip:${ip ?? "unknown"}`;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
   const tooMany = () =>
-    new RouterError(
-      429,
-      "Too many requests with an incorrect API key from this address. Retry after the time given in the retry-after header.",
-      "rate_limit_error",
-      "too_many_failed_auth",
-      null,
-      {
-        "retry-after": String(retryAfter),
-      },
-    );
+    new RouterError(429, "Too many incorrect API keys from this address. Retry after retry-after seconds.", "rate_limit_error", "too_many_failed_auth", null, {
+      "retry-after": String(retryAfter),
+    });
   return {
     refuseIfBlocked(): void {
       const until = blockedUntil.get(key);

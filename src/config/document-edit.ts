@@ -99,7 +99,7 @@ export function writeProblems(raw: string, defaults: ConfigDefaults, selfOrigin:
   if (!parsed.ok) return parsed.problems;
   return nodesPointingAt(parsed.config, selfOrigin).map((id) => ({
     path: `nodes[${parsed.config.nodes.findIndex((n) => n.id === id)}].url`,
-    message: `is the router's own origin (${selfOrigin}): requests sent there would loop through the router`,
+    message: `is the router's own origin (${selfOrigin}): a routing loop`,
   }));
 }
 

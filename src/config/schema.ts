@@ -1,6 +1,6 @@
 import * as v from "valibot";
 import { DEFAULT_MAX_BLOCKS_PER_REQUEST } from "../routing/prefix-index";
-import { check, oneOf, renderPath, strictObject } from "./validation";
+import { check, finite, gtValue, integer, maxLength, maxValue, minLength, minValue, oneOf, regex, renderPath, strictObject } from "./validation";
 
 // The cluster document (SPEC section 2). Parsed once at the edge; the rest of the
 // code receives a typed, defaults-filled ClusterConfig.
@@ -12,12 +12,11 @@ interface Bounds {
   maxMessage?: string;
 }
 /** An integer within bounds. */
-const int = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) => v.pipe(v.number(), v.integer(), v.minValue(min, minMessage), v.maxValue(max, maxMessage));
+const int = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) => v.pipe(v.number(), integer(), minValue(min, minMessage), maxValue(max, maxMessage));
 /** An integer above 0 within bounds (checked in this order, so its problems are listed in it). */
-const positiveInt = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) =>
-  v.pipe(v.number(), v.integer(), v.gtValue(0), v.minValue(min, minMessage), v.maxValue(max, maxMessage));
+const positiveInt = ({ min = -Infinity, minMessage, max, maxMessage }: Bounds) => v.pipe(v.number(), integer(), gtValue(0), minValue(min, minMessage), maxValue(max, maxMessage));
 /** A number within [min, max]. */
-const between = (min: number, max: number) => v.pipe(v.number(), v.minValue(min), v.maxValue(max));
+const between = (min: number, max: number) => v.pipe(v.number(), minValue(min), maxValue(max));
 /** A leg timeout: at least 50 ms (anything shorter fails every request), at most `max`. */
 const timeoutMs = (max: number, what: string) => positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max, maxMessage: `must be at most ${max} (${what})` });
 /** Probe, failure and recovery counts: a hundred is already more than anyone means. */
@@ -47,7 +46,7 @@ const nodeUrl = v.pipe(
 const nodeSecretName = (what: string) =>
   v.pipe(
     v.string(),
-    v.regex(
+    regex(
       /^NODE_[A-Za-z0-9_]{1,123}$/,
       `must be the name of a Worker secret starting NODE_ (the secret holds ${what}; node secrets live in that namespace, so a document can never point at the router's own secrets)`,
     ),
@@ -62,7 +61,7 @@ const nodeSecretName = (what: string) =>
  */
 export const ReachSchema = strictObject({
   binding: v.optional(
-    v.pipe(v.string(), v.regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")),
+    v.pipe(v.string(), regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")),
   ),
   access: v.optional(
     strictObject({
@@ -91,7 +90,7 @@ function urlHost(value: string): string | null {
  */
 const bootstrapHost = v.pipe(
   v.string(),
-  v.maxLength(253),
+  maxLength(253),
   // checked even when too long, so both problems are reported together
   v.rawCheck(({ dataset, addIssue }) => {
     if (dataset.typed && urlHost(dataset.value) === null) addIssue({ message: HOST_MESSAGE });
@@ -100,12 +99,12 @@ const bootstrapHost = v.pipe(
 );
 
 export const NodeSchema = strictObject({
-  id: v.pipe(v.string(), v.regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}")),
+  id: v.pipe(v.string(), regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}")),
   url: nodeUrl,
   role: oneOf(["prefill", "decode", "both"]),
-  group: v.optional(v.pipe(v.string(), v.minLength(1), v.maxLength(128))),
-  weight: v.optional(v.pipe(v.number(), v.gtValue(0), v.finite()), 1),
-  models: v.optional(v.array(v.pipe(v.string(), v.minLength(1)))),
+  group: v.optional(v.pipe(v.string(), minLength(1), maxLength(128))),
+  weight: v.optional(v.pipe(v.number(), gtValue(0), finite()), 1),
+  models: v.optional(v.array(v.pipe(v.string(), minLength(1)))),
   bootstrapPort: v.optional(positiveInt({ max: 65535 }), 8998),
   // the address decode nodes use to reach this node's bootstrap server; default the URL's host
   bootstrapHost: v.optional(bootstrapHost),
@@ -162,7 +161,7 @@ const AT_MOST_1_DAY = "must be at most 86400000 (1 day)";
 const HealthSchema = strictObject({
   intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): shorter is a probe storm", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
   probeTimeoutMs: v.optional(positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max: 60_000, maxMessage: "must be at most 60000 (1 minute)" })),
-  probePath: v.optional(v.pipe(v.string(), v.regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)"))),
+  probePath: v.optional(v.pipe(v.string(), regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)"))),
   downAfter: v.optional(count, 2),
   upAfter: v.optional(count, 2),
   ejectAfter: v.optional(count, 3),
@@ -177,7 +176,7 @@ const HealthSchema = strictObject({
 const SignalsSchema = strictObject({
   intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): engines pay for every scrape", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
   staleMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms)", max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
-  kvBusy: v.optional(v.pipe(v.number(), v.gtValue(0, "must be above 0"), v.maxValue(1, "must be at most 1")), 0.9),
+  kvBusy: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(1, "must be at most 1")), 0.9),
   queueBusy: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), 8),
 });
 
@@ -195,7 +194,7 @@ export const ClusterDocumentSchema = strictObject({
   reach: v.optional(ReachSchema),
   signals: v.optional(SignalsSchema, {}),
   admission: v.optional(AdmissionSchema, {}),
-  nodes: v.pipe(v.array(NodeSchema), v.minLength(1, "must list at least one node")),
+  nodes: v.pipe(v.array(NodeSchema), minLength(1, "must list at least one node")),
 });
 
 /**

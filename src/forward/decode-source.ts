@@ -149,7 +149,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
     if (read.error) return engineFailed(read.error, bytes);
     if (sse.tooLong) {
       stopLeg("line too long");
-      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, which must be rewritten to be relayed`;
+      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, too long to rewrite`;
       return failed(bytes, { blame: "none", error }, "an event too large to merge into a batched stream", "batch_event_too_large");
     }
     if (!done) return { done, bytes };

@@ -51,107 +51,110 @@ export const PREFILL_REPORT_DELAY_MS = 250;
  * first: success, error, timeout, the client gone, or the client no longer reading.
  */
 export class RequestLife {
-  readonly leaseId = crypto.randomUUID();
-  readonly started = Date.now();
+  readonly #leaseId = crypto.randomUUID();
+  readonly #started = Date.now();
   /** aborted when the request ends or the client leaves: every leg listens to it */
-  private readonly controller = new AbortController();
+  readonly #controller = new AbortController();
   readonly chosen = { prefill: "", decode: "" };
   decision: Decision | null = null;
   /** how it is served and why (SPEC 8 route receipts); null until routed */
   mode: PdMode | null = null;
   reason: PdReason | null = null;
   /** D prefills alone (conditional disaggregation): P and D name the same node, whichever D serves */
-  private localPrefill = false;
+  #localPrefill = false;
   /** the usage of the engine that prefilled, read when the finish report is made (P's may arrive late) */
-  private engineUsage: (() => EngineUsage | null) | null = null;
+  #engineUsage: (() => EngineUsage | null) | null = null;
   failOpen: Role[] = [];
   /** queueMs: time the route call waited at the edge for a decode node that is not busy */
   readonly timings: { routeMs?: number; queueMs?: number; prefillMs?: number; decodeMs?: number } = {};
   /** Durable Object calls made, and how many of them the response waited for */
-  private stateCalls = 0;
+  #stateCalls = 0;
   /** the calls awaited (route, failover): a call sent in the background costs the response nothing */
-  private awaitedCalls = 0;
-  private stateCallsBeforeResponse: number | null = null;
-  private ended = false;
-  private heartbeat: ReturnType<typeof setInterval> | undefined;
+  #awaitedCalls = 0;
+  #stateCallsBeforeResponse: number | null = null;
+  #ended = false;
+  #heartbeat: ReturnType<typeof setInterval> | undefined;
   /** P's part of the lease has been reported (P answered, failed, or there is no P) */
   prefillReported = false;
   /** P's good answer, not yet reported: it travels with the finish report when that comes soon */
-  private deferredPrefill: LegReport | null = null;
-  private prefillTimer: ReturnType<typeof setTimeout> | undefined;
+  #deferredPrefill: LegReport | null = null;
+  #prefillTimer: ReturnType<typeof setTimeout> | undefined;
   /** sglang: P's answer is still being read; the request waits for it before it reports */
-  private pendingPrefill: Promise<LegReport | null> | null = null;
+  #pendingPrefill: Promise<LegReport | null> | null = null;
   /** a key (hash) under which the state remembers this request's P and D (a stored response's id) */
-  private rememberKey: Promise<string | null> | null = null;
+  #rememberKey: Promise<string | null> | null = null;
   /** called when the request ends before a D used P's KV handle (vllm: release P's blocks) */
-  private readonly onUnusedHandle: Array<() => Promise<unknown>> = [];
+  readonly #onUnusedHandle: Array<() => Promise<unknown>> = [];
   /** whether P's answer carried prompt_tokens_details (observability/usage-details.ts) */
-  private usageDetails: { node: string; reported: boolean } | null = null;
+  #usageDetails: { node: string; reported: boolean } | null = null;
 
-  constructor(private readonly o: LifeOptions) {
-    const onClientAbort = () => this.end({ status: 499, outcome: "aborted", error: "client disconnected", legs: this.abortedLegs() });
+  readonly #o: LifeOptions;
+
+  constructor(o: LifeOptions) {
+    this.#o = o;
+    const onClientAbort = () => this.end({ status: 499, outcome: "aborted", error: "client disconnected", legs: this.#abortedLegs() });
     if (o.clientSignal.aborted) queueMicrotask(onClientAbort);
     else o.clientSignal.addEventListener("abort", onClientAbort, { once: true });
   }
 
   get signal(): AbortSignal {
-    return this.controller.signal;
+    return this.#controller.signal;
   }
 
   get isEnded(): boolean {
-    return this.ended;
+    return this.#ended;
   }
 
   /** A request id unique to this request and attempt: engines must never see two in flight with one id. */
   upstreamId(): string {
-    return `${this.o.requestId.slice(0, 64)}-${this.leaseId.slice(0, 8)}${(sequence++ % 1296).toString(36)}`;
+    return `${this.#o.requestId.slice(0, 64)}-${this.#leaseId.slice(0, 8)}${(sequence++ % 1296).toString(36)}`;
   }
 
   get trace(): TraceContext {
-    return this.o.trace;
+    return this.#o.trace;
   }
 
-  private call<T>(p: Promise<T>): Promise<T> {
-    this.stateCalls++;
+  #call<T>(p: Promise<T>): Promise<T> {
+    this.#stateCalls++;
     return p;
   }
 
-  private awaited<T>(p: Promise<T>): Promise<T> {
-    this.awaitedCalls++;
-    return this.call(p);
+  #awaited<T>(p: Promise<T>): Promise<T> {
+    this.#awaitedCalls++;
+    return this.#call(p);
   }
 
   /** Durable Object calls the request waited for before it was routed (the document: see currentConfig). */
   waitedForState(calls: number): void {
-    this.stateCalls += calls;
-    this.awaitedCalls += calls;
+    this.#stateCalls += calls;
+    this.#awaitedCalls += calls;
   }
 
   /** Picks P and D and takes the lease: the one round trip the response waits for. */
   async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
-    request = { ...request, leaseId: this.leaseId, requestId: this.o.requestId };
-    let routed = await this.awaited(this.o.state.route(request));
+    request = { ...request, leaseId: this.#leaseId, requestId: this.#o.requestId };
+    let routed = await this.#awaited(this.#o.state.route(request));
     // The object has another version of the document (new, or evicted): send it once.
-    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.awaited(this.o.state.route({ ...request, cluster: view }));
-    this.timings.routeMs = Date.now() - this.started;
+    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.#awaited(this.#o.state.route({ ...request, cluster: view }));
+    this.timings.routeMs = Date.now() - this.#started;
     if (routed.ok && routed.queuedMs !== undefined) {
       this.timings.queueMs = routed.queuedMs;
       // Admitted after waiting: the lease is a reservation until this confirms the request is
       // still here (a handler cancelled while it waited never does; src/state/edge-admission.ts).
-      if (!this.ended) this.o.waitUntil(this.call(this.o.state.renew(this.leaseId)));
+      if (!this.#ended) this.#o.waitUntil(this.#call(this.#o.state.renew(this.#leaseId)));
     }
     if (!routed.ok) return routed;
     // The client left during the call: end() has sent finish, which releases the lease (or, had
     // it overtaken the call, left a tombstone so the lease was never taken).
-    if (this.ended) return routed;
+    if (this.#ended) return routed;
     this.decision = routed.decision;
     this.chosen.prefill = routed.decision.prefill.id;
     this.chosen.decode = routed.decision.decode.id;
     this.mode = routed.decision.mode;
     this.reason = routed.decision.reason;
-    this.localPrefill = routed.decision.prefill.rule === "local_prefill";
+    this.#localPrefill = routed.decision.prefill.rule === "local_prefill";
     this.failOpen = (["prefill", "decode"] as const).filter((r) => routed.decision[r].failOpen);
-    this.heartbeat = setInterval(() => this.o.waitUntil(this.call(this.o.state.renew(this.leaseId))), this.o.renewMs);
+    this.#heartbeat = setInterval(() => this.#o.waitUntil(this.#call(this.#o.state.renew(this.#leaseId))), this.#o.renewMs);
     return routed;
   }
 
@@ -163,47 +166,47 @@ export class RequestLife {
   prefillDone(report: LegReport): void {
     this.prefillReported = true;
     if (report.outcome !== "ok") {
-      this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, report)));
+      this.#o.waitUntil(this.#call(this.#o.state.prefillDone(this.#leaseId, report)));
       return;
     }
     if (report.ms !== undefined) this.timings.prefillMs = report.ms;
-    this.deferredPrefill = report;
-    clearTimeout(this.prefillTimer);
-    this.prefillTimer = setTimeout(() => {
-      const deferred = this.takeDeferredPrefill();
-      if (deferred) this.o.waitUntil(this.call(this.o.state.prefillDone(this.leaseId, deferred)));
+    this.#deferredPrefill = report;
+    clearTimeout(this.#prefillTimer);
+    this.#prefillTimer = setTimeout(() => {
+      const deferred = this.#takeDeferredPrefill();
+      if (deferred) this.#o.waitUntil(this.#call(this.#o.state.prefillDone(this.#leaseId, deferred)));
     }, PREFILL_REPORT_DELAY_MS);
   }
 
-  private takeDeferredPrefill(): LegReport | null {
-    const report = this.deferredPrefill;
-    this.deferredPrefill = null;
-    clearTimeout(this.prefillTimer);
+  #takeDeferredPrefill(): LegReport | null {
+    const report = this.#deferredPrefill;
+    this.#deferredPrefill = null;
+    clearTimeout(this.#prefillTimer);
     return report;
   }
 
   /** Records a failed leg and asks for the next node of its role (null: none). Awaited: a retry needs it. */
   async failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null> {
-    const { next } = await this.awaited(this.o.state.failover(this.leaseId, role, report, wantNext));
+    const { next } = await this.#awaited(this.#o.state.failover(this.#leaseId, role, report, wantNext));
     if (next) this.chosen[role] = next;
     // a local prefill moves with its D (the object moved the lease's prefill part too)
-    if (next && role === "decode" && this.localPrefill) this.chosen.prefill = next;
+    if (next && role === "decode" && this.#localPrefill) this.chosen.prefill = next;
     return next;
   }
 
   /** sglang: P's answer still being read when D's is returned. */
   awaitPrefill(settled: Promise<LegReport | null>): void {
-    this.pendingPrefill = settled;
+    this.#pendingPrefill = settled;
   }
 
   /** The next request that presents this key (hash) should reach the same P and D. */
   rememberAs(key: Promise<string | null>): void {
-    this.rememberKey = key.catch(() => null);
+    this.#rememberKey = key.catch(() => null);
   }
 
   /** D prefills alone: the protocol to run is D's alone, with no P leg. */
   get isLocalPrefill(): boolean {
-    return this.localPrefill;
+    return this.#localPrefill;
   }
 
   /**
@@ -211,34 +214,34 @@ export class RequestLife {
    * made: it travels with it, no state call of its own.
    */
   reportEngineUsage(usage: () => EngineUsage | null): void {
-    this.engineUsage = usage;
+    this.#engineUsage = usage;
   }
 
   /** P answered with (or without) prompt_tokens_details; reported with the finish. */
   noteUsageDetails(node: string, reported: boolean | null): void {
-    if (reported !== null) this.usageDetails = { node, reported };
+    if (reported !== null) this.#usageDetails = { node, reported };
   }
 
   /** A KV handle D has not (yet) been given: released if the request ends before it is. */
   holdHandle(release: () => Promise<unknown>): () => void {
-    this.onUnusedHandle.push(release);
+    this.#onUnusedHandle.push(release);
     return () => {
-      const i = this.onUnusedHandle.indexOf(release);
-      if (i >= 0) this.onUnusedHandle.splice(i, 1);
+      const i = this.#onUnusedHandle.indexOf(release);
+      if (i >= 0) this.#onUnusedHandle.splice(i, 1);
     };
   }
 
   /** Work that outlives the response (a handle release, the relay): kept alive with waitUntil. */
   background(work: () => Promise<unknown>): void {
-    this.o.waitUntil(work());
+    this.#o.waitUntil(work());
   }
 
   /** The response goes out now: the calls awaited so far are the ones it waited for (background ones cost it nothing). */
   responding(): void {
-    this.stateCallsBeforeResponse = this.awaitedCalls;
+    this.#stateCallsBeforeResponse = this.#awaitedCalls;
   }
 
-  private abortedLegs(): Ending["legs"] {
+  #abortedLegs(): Ending["legs"] {
     const legs: NonNullable<Ending["legs"]> = {};
     if (this.chosen.decode) legs.decode = { node: this.chosen.decode, outcome: "aborted" };
     if (this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
@@ -247,54 +250,54 @@ export class RequestLife {
 
   /** Ends the request, once: legs closed, lease released, unused handles freed, one log line. */
   end(e: Ending): void {
-    if (this.ended) return;
-    this.ended = true;
-    clearInterval(this.heartbeat);
-    const pending = e.outcome === "ok" ? this.pendingPrefill : null;
+    if (this.#ended) return;
+    this.#ended = true;
+    clearInterval(this.#heartbeat);
+    const pending = e.outcome === "ok" ? this.#pendingPrefill : null;
     // A P still answering after a good D keeps its leg (SGLang aborts a request whose client leaves).
-    if (!pending) this.controller.abort(e.error ?? e.outcome);
-    for (const release of this.onUnusedHandle.splice(0)) this.o.waitUntil(this.call(release()));
+    if (!pending) this.#controller.abort(e.error ?? e.outcome);
+    for (const release of this.#onUnusedHandle.splice(0)) this.#o.waitUntil(this.#call(release()));
     const legs = { ...e.legs };
     if (!legs.prefill && this.chosen.prefill && !this.prefillReported && this.chosen.prefill !== this.chosen.decode) {
       legs.prefill = { node: this.chosen.prefill, outcome: "aborted" };
     }
     // P's report: its failure (sglang), else its deferred good answer, else "aborted" if it never answered
     const prefillPart = (failed: LegReport | null): { prefill?: LegReport } => {
-      const prefill = failed ?? this.takeDeferredPrefill() ?? legs.prefill;
+      const prefill = failed ?? this.#takeDeferredPrefill() ?? legs.prefill;
       return prefill ? { prefill } : {};
     };
     const engineUsagePart = (): { engineUsage?: EngineUsage } => {
-      const usage = this.engineUsage?.() ?? null;
+      const usage = this.#engineUsage?.() ?? null;
       return usage ? { engineUsage: usage } : {};
     };
     const report = (prefill: LegReport | null, remember: string | null): FinishReport => ({
-      route: this.o.route,
+      route: this.#o.route,
       status: e.status,
       ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
-      ...(this.o.keyLabel ? { keyLabel: this.o.keyLabel } : {}),
-      ...(this.usageDetails ? { usageDetails: this.usageDetails } : {}),
+      ...(this.#o.keyLabel ? { keyLabel: this.#o.keyLabel } : {}),
+      ...(this.#usageDetails ? { usageDetails: this.#usageDetails } : {}),
       ...engineUsagePart(),
       ...(legs.decode ? { decode: legs.decode } : {}),
       ...prefillPart(prefill),
     });
     const finish =
-      pending || this.rememberKey
-        ? Promise.all([pending, this.rememberKey]).then(([prefill, remember]) => {
-            this.controller.abort("ended");
-            return this.o.state.finish(this.leaseId, report(prefill ?? null, remember ?? null));
+      pending || this.#rememberKey
+        ? Promise.all([pending, this.#rememberKey]).then(([prefill, remember]) => {
+            this.#controller.abort("ended");
+            return this.#o.state.finish(this.#leaseId, report(prefill ?? null, remember ?? null));
           })
-        : this.o.state.finish(this.leaseId, report(null, null));
-    this.o.waitUntil(this.call(finish));
+        : this.#o.state.finish(this.#leaseId, report(null, null));
+    this.#o.waitUntil(this.#call(finish));
     const entry: RequestLog = {
-      requestId: this.o.requestId,
-      traceId: this.o.trace.traceId,
-      route: this.o.route,
-      model: this.o.model,
-      policy: this.o.policy,
+      requestId: this.#o.requestId,
+      traceId: this.#o.trace.traceId,
+      route: this.#o.route,
+      model: this.#o.model,
+      policy: this.#o.policy,
       prefill: this.chosen.prefill || undefined,
       decode: this.chosen.decode || undefined,
-      keyHash: this.o.keyHash?.slice(0, 16) ?? null,
-      keySource: this.o.keySource,
+      keyHash: this.#o.keyHash?.slice(0, 16) ?? null,
+      keySource: this.#o.keySource,
       rule: this.decision ? `${this.decision.prefill.rule}/${this.decision.decode.rule}` : undefined,
       mode: this.mode ?? undefined,
       reason: this.reason ?? undefined,
@@ -305,9 +308,9 @@ export class RequestLife {
       queueMs: this.timings.queueMs,
       prefillMs: this.timings.prefillMs,
       decodeTtfbMs: this.timings.decodeMs,
-      totalMs: Date.now() - this.started,
-      stateCalls: this.stateCalls,
-      stateCallsBeforeResponse: this.stateCallsBeforeResponse ?? this.awaitedCalls,
+      totalMs: Date.now() - this.#started,
+      stateCalls: this.#stateCalls,
+      stateCallsBeforeResponse: this.#stateCallsBeforeResponse ?? this.#awaitedCalls,
       failOpen: this.failOpen.length ? this.failOpen : undefined,
       error: e.error,
     };

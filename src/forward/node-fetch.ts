@@ -79,7 +79,7 @@ export function nodeAccess(env: Record<string, unknown>, node: ReachableNode, di
       headers[ACCESS_SECRET_HEADER] = secret;
     } else {
       const missing = [id ? null : access.clientId, secret ? null : access.clientSecret].filter(Boolean).join(" and ");
-      problems.push(`its Access service token secret ${missing} is not set (npx wrangler secret put ${missing.split(" and ")[0]})`);
+      problems.push(`its Access service token secret ${missing} is not set`);
     }
   }
   const via = node.reach.binding ?? null;
@@ -87,7 +87,7 @@ export function nodeAccess(env: Record<string, unknown>, node: ReachableNode, di
   if (via) {
     const bound = fetcherOf(env, via);
     if (bound) send = bound;
-    else problems.push(`its binding ${via} is not bound to this Worker (declare it under [[vpc_networks]] or [[vpc_services]] in wrangler.toml)`);
+    else problems.push(`its binding ${via} is not bound to this Worker`);
   }
   if (problems.length) send = failing(`node ${node.id} cannot be reached: ${problems.join("; ")}`);
   return { fetch: send, via, headers, token };

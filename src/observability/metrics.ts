@@ -7,6 +7,7 @@ import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
 import type { HistoryPoint } from "../state/node-history";
 import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
+import type { Role } from "../routing/types";
 import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
 
@@ -20,192 +21,176 @@ export interface MetricsInput {
 const BREAKER_STATES = ["closed", "open", "half_open"] as const;
 const ADMISSION_REJECTIONS = ["queue_full", "timeout"] as const;
 
-/** The metric families of the router (docs/operations.md lists them). Pure: no env, no clock. */
+type Node = ClusterSnapshot["nodes"][number];
+const family = (name: string, type: "counter" | "gauge", help: string, samples: Sample[]): MetricFamily => ({ name: `pd_router_${name}`, help, type, samples });
+const histogram = (name: string, help: string, h: Histogram): MetricFamily => ({ name: `pd_router_${name}`, help, type: "histogram", samples: [h] });
+const one = (value: number | boolean): Sample[] => [{ value: +value }];
+
+/**
+ * The metric families of the router (README, Metrics: the HELP texts are one line, the table has
+ * the detail). Pure: no env, no clock.
+ */
 export function clusterMetrics({ snapshot, keys, config }: MetricsInput): MetricFamily[] {
-  const nodes = snapshot.nodes;
-  const perNode = (value: (n: (typeof nodes)[number]) => number): Sample[] => nodes.map((n) => ({ labels: { node: n.id }, value: value(n) }));
-  const prefixRatio = snapshot.prefix.lookedUpBlocks > 0 ? snapshot.prefix.matchedBlocks / snapshot.prefix.lookedUpBlocks : 0;
+  const { nodes, prefix, admission } = snapshot;
+  const perNode = (value: (n: Node) => number | boolean): Sample[] => nodes.map((n) => ({ labels: { node: n.id }, value: +value(n) }));
+  const byRole = (value: (n: Node, role: Role) => number): Sample[] => nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: value(n, role) })));
+  // engine signals: only the nodes whose /metrics answered
+  const signal = (value: (s: NonNullable<Node["signals"]>) => number | boolean | null | undefined): Sample[] =>
+    nodes.flatMap((n) => {
+      const v = n.signals ? value(n.signals) : null;
+      return v == null ? [] : [{ labels: { node: n.id }, value: +v }];
+    });
   return [
-    {
-      name: "pd_router_requests_total",
-      help: "Requests answered, by route and status (refused ones included).",
-      type: "counter",
-      samples: snapshot.requests.map((r) => ({ labels: { route: r.route, status: String(r.status) }, value: r.count })),
-    },
-    {
-      name: "pd_router_node_requests_total",
-      help: "Requests routed to the node, by role.",
-      type: "counter",
-      samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.requestsTotal[role] }))),
-    },
-    {
-      name: "pd_router_node_failures_total",
-      help: "Failures through the node's fault (connect, timeout, 5xx).",
-      type: "counter",
-      samples: perNode((n) => n.failuresTotal),
-    },
-    {
-      name: "pd_router_node_inflight",
-      help: "Prefill legs running plus decode streams open on the node.",
-      type: "gauge",
-      samples: perNode((n) => n.inflight.prefill + n.inflight.decode),
-    },
-    {
-      name: "pd_router_node_inflight_by_role",
-      help: "Requests in flight on the node, by role.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => n.roles.map((role) => ({ labels: { node: n.id, role }, value: n.inflight[role] }))),
-    },
-    { name: "pd_router_node_inflight_tokens", help: "Estimated prompt tokens of the node's open decode streams.", type: "gauge", samples: perNode((n) => n.inflight.tokens) },
-    {
-      name: "pd_router_node_inflight_prefill_tokens",
-      help: "Estimated uncached prompt tokens of the node's running prefills.",
-      type: "gauge",
-      samples: perNode((n) => n.inflight.prefillTokens),
-    },
-    { name: "pd_router_node_healthy", help: "1 when the node may take new work (probes up, not ejected).", type: "gauge", samples: perNode((n) => (n.healthy ? 1 : 0)) },
-    { name: "pd_router_node_probe_up", help: "1 when the node's probes say up.", type: "gauge", samples: perNode((n) => (n.probeUp ? 1 : 0)) },
-    { name: "pd_router_node_draining", help: "1 when the node is marked drain.", type: "gauge", samples: perNode((n) => (n.drain ? 1 : 0)) },
-    {
-      name: "pd_router_node_breaker_state",
-      help: "1 for the node's current breaker state.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => BREAKER_STATES.map((state) => ({ labels: { node: n.id, state }, value: n.breaker === state ? 1 : 0 }))),
-    },
-    {
-      name: "pd_router_route_decisions_total",
-      help: "Selections, by role and deciding rule.",
-      type: "counter",
-      samples: snapshot.decisions.map((d) => ({ labels: { role: d.role, rule: d.rule }, value: d.count })),
-    },
-    {
-      name: "pd_router_disagg_decisions_total",
-      help: "Requests by how they were served and why.",
-      type: "counter",
-      samples: disaggSamples(snapshot.disagg),
-    },
-    {
-      name: "pd_router_prefix_predicted_tokens_total",
-      help: "Prompt tokens predicted cached on the prefilling node.",
-      type: "counter",
-      samples: perNode((n) => n.prefix.predictedTokens),
-    },
-    {
-      name: "pd_router_prefix_cached_tokens_total",
-      help: "Prompt tokens the prefilling node reported cached.",
-      type: "counter",
-      samples: perNode((n) => n.prefix.cachedTokens),
-    },
-    {
-      name: "pd_router_prefix_cache_lost_total",
-      help: "Times the node's prefix cache was found lost.",
-      type: "counter",
-      samples: perNode((n) => n.prefix.cacheLost),
-    },
-    {
-      name: "pd_router_node_chars_per_token",
-      help: "Learned prompt characters per token.",
-      type: "gauge",
-      samples: perNode((n) => n.prefix.charsPerToken),
-    },
-    {
-      name: "pd_router_prefix_lookup_blocks_total",
-      help: "Prefix blocks looked up (cache_aware).",
-      type: "counter",
-      samples: [{ value: snapshot.prefix.lookedUpBlocks }],
-    },
-    {
-      name: "pd_router_prefix_matched_blocks_total",
-      help: "Prefix blocks the chosen node likely held.",
-      type: "counter",
-      samples: [{ value: snapshot.prefix.matchedBlocks }],
-    },
-    {
-      name: "pd_router_prefix_hit_ratio",
-      help: "Matched / looked-up prefix blocks.",
-      type: "gauge",
-      samples: [{ value: prefixRatio }],
-    },
-    {
-      name: "pd_router_prefix_index_entries",
-      help: "Prefix index entries, by role.",
-      type: "gauge",
-      samples: [
-        { labels: { role: "prefill" }, value: snapshot.prefix.prefillEntries },
-        { labels: { role: "decode" }, value: snapshot.prefix.decodeEntries },
-      ],
-    },
-    { name: "pd_router_decode_ttfb_seconds", help: "Decode leg to its first byte.", type: "histogram", samples: [snapshot.latency.ttfb] },
-    { name: "pd_router_prefill_seconds", help: "Prefill leg until P answered.", type: "histogram", samples: [snapshot.latency.prefill] },
-    {
-      name: "pd_router_node_kv_usage",
-      help: "KV cache use (0..1) the engine reported at its last poll.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => (n.signals?.kvUsage != null ? [{ labels: { node: n.id }, value: n.signals.kvUsage }] : [])),
-    },
-    {
-      name: "pd_router_node_queue",
-      help: "Requests waiting in the engine at its last poll.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => (n.signals?.waiting != null ? [{ labels: { node: n.id }, value: n.signals.waiting }] : [])),
-    },
-    {
-      name: "pd_router_node_signals_age_seconds",
-      help: "Age of the node's last /metrics reading.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => (n.signals ? [{ labels: { node: n.id }, value: n.signals.ageMs / 1000 }] : [])),
-    },
-    {
-      name: "pd_router_node_busy",
-      help: "1 when the decode KV guard finds the node busy.",
-      type: "gauge",
-      samples: nodes.flatMap((n) => (n.signals ? [{ labels: { node: n.id }, value: n.signals.busy ? 1 : 0 }] : [])),
-    },
-    {
-      name: "pd_router_admission_queued",
-      help: "Requests waiting at the edge.",
-      type: "gauge",
-      samples: [{ value: snapshot.admission.queued }],
-    },
-    {
-      name: "pd_router_admission_wait_seconds",
-      help: "Wait of requests admitted at the edge.",
-      type: "histogram",
-      samples: [snapshot.admission.wait],
-    },
-    {
-      name: "pd_router_admission_rejected_total",
-      help: "Requests refused 503 cluster_busy at the edge, by reason.",
-      type: "counter",
-      samples: ADMISSION_REJECTIONS.map((reason) => ({ labels: { reason }, value: snapshot.admission.rejected.find((r) => r.reason === reason)?.count ?? 0 })),
-    },
-    { name: "pd_router_leases", help: "Requests holding a load lease.", type: "gauge", samples: [{ value: snapshot.leases }] },
-    {
-      name: "pd_router_leases_expired_total",
-      help: "Leases expired unreleased (counted as 499).",
-      type: "counter",
-      samples: [{ value: snapshot.expiredLeases }],
-    },
-    {
-      name: "pd_router_key_requests_total",
-      help: "Authenticated requests, by API key label.",
-      type: "counter",
-      samples: keys.map((k) => ({ labels: { key: k.key }, value: k.count })),
-    },
-    {
-      name: "pd_router_config_valid",
-      help: "1 when the stored document is valid.",
-      type: "gauge",
-      samples: [{ value: config.valid ? 1 : 0 }],
-    },
-    {
-      name: "pd_router_config_stale",
-      help: "1 when an older valid document serves.",
-      type: "gauge",
-      samples: [{ value: config.stale ? 1 : 0 }],
-    },
-    { name: "pd_router_config_problems", help: "Problems in the stored document.", type: "gauge", samples: [{ value: config.problems }] },
-    { name: "pd_router_config_serving", help: "1 when a valid document serves.", type: "gauge", samples: [{ value: config.served ? 1 : 0 }] },
+    family(
+      "requests_total",
+      "counter",
+      "Requests answered, by route and status.",
+      snapshot.requests.map((r) => ({ labels: { route: r.route, status: String(r.status) }, value: r.count })),
+    ),
+    family(
+      "node_requests_total",
+      "counter",
+      "Requests routed to the node, by role.",
+      byRole((n, role) => n.requestsTotal[role]),
+    ),
+    family(
+      "node_failures_total",
+      "counter",
+      "Failures through the node's fault.",
+      perNode((n) => n.failuresTotal),
+    ),
+    family(
+      "node_inflight",
+      "gauge",
+      "Prefill legs and decode streams on the node.",
+      perNode((n) => n.inflight.prefill + n.inflight.decode),
+    ),
+    family(
+      "node_inflight_by_role",
+      "gauge",
+      "In-flight requests, by role.",
+      byRole((n, role) => n.inflight[role]),
+    ),
+    family(
+      "node_inflight_tokens",
+      "gauge",
+      "Prompt tokens of open decode streams.",
+      perNode((n) => n.inflight.tokens),
+    ),
+    family(
+      "node_inflight_prefill_tokens",
+      "gauge",
+      "Uncached prompt tokens of running prefills.",
+      perNode((n) => n.inflight.prefillTokens),
+    ),
+    family(
+      "node_healthy",
+      "gauge",
+      "1 when the node may take new work.",
+      perNode((n) => n.healthy),
+    ),
+    family(
+      "node_probe_up",
+      "gauge",
+      "1 when probes say up.",
+      perNode((n) => n.probeUp),
+    ),
+    family(
+      "node_draining",
+      "gauge",
+      "1 when draining.",
+      perNode((n) => n.drain),
+    ),
+    family(
+      "node_breaker_state",
+      "gauge",
+      "1 for the breaker's state.",
+      nodes.flatMap((n) => BREAKER_STATES.map((state) => ({ labels: { node: n.id, state }, value: +(n.breaker === state) }))),
+    ),
+    family(
+      "route_decisions_total",
+      "counter",
+      "Picks, by role and rule.",
+      snapshot.decisions.map((d) => ({ labels: { role: d.role, rule: d.rule }, value: d.count })),
+    ),
+    family("disagg_decisions_total", "counter", "Requests, by mode and reason.", disaggSamples(snapshot.disagg)),
+    family(
+      "prefix_predicted_tokens_total",
+      "counter",
+      "Cached prompt tokens predicted.",
+      perNode((n) => n.prefix.predictedTokens),
+    ),
+    family(
+      "prefix_cached_tokens_total",
+      "counter",
+      "Cached prompt tokens reported.",
+      perNode((n) => n.prefix.cachedTokens),
+    ),
+    family(
+      "prefix_cache_lost_total",
+      "counter",
+      "Prefix caches found lost.",
+      perNode((n) => n.prefix.cacheLost),
+    ),
+    family(
+      "node_chars_per_token",
+      "gauge",
+      "Learned characters per token.",
+      perNode((n) => n.prefix.charsPerToken),
+    ),
+    family("prefix_lookup_blocks_total", "counter", "Prefix blocks looked up.", one(prefix.lookedUpBlocks)),
+    family("prefix_matched_blocks_total", "counter", "Prefix blocks matched.", one(prefix.matchedBlocks)),
+    family("prefix_hit_ratio", "gauge", "Matched / looked-up blocks.", one(prefix.lookedUpBlocks > 0 ? prefix.matchedBlocks / prefix.lookedUpBlocks : 0)),
+    family("prefix_index_entries", "gauge", "Prefix index entries.", [
+      { labels: { role: "prefill" }, value: prefix.prefillEntries },
+      { labels: { role: "decode" }, value: prefix.decodeEntries },
+    ]),
+    histogram("decode_ttfb_seconds", "Decode leg to its first byte.", snapshot.latency.ttfb),
+    histogram("prefill_seconds", "Prefill leg until P answered.", snapshot.latency.prefill),
+    family(
+      "node_kv_usage",
+      "gauge",
+      "Engine KV use (0..1).",
+      signal((s) => s.kvUsage),
+    ),
+    family(
+      "node_queue",
+      "gauge",
+      "Requests waiting in the engine.",
+      signal((s) => s.waiting),
+    ),
+    family(
+      "node_signals_age_seconds",
+      "gauge",
+      "Age of the engine reading.",
+      signal((s) => s.ageMs / 1000),
+    ),
+    family(
+      "node_busy",
+      "gauge",
+      "1 when the KV guard finds it busy.",
+      signal((s) => s.busy),
+    ),
+    family("admission_queued", "gauge", "Requests waiting at the edge.", one(admission.queued)),
+    histogram("admission_wait_seconds", "Edge wait of admitted requests.", admission.wait),
+    family(
+      "admission_rejected_total",
+      "counter",
+      "Requests refused at the edge.",
+      ADMISSION_REJECTIONS.map((reason) => ({ labels: { reason }, value: admission.rejected.find((r) => r.reason === reason)?.count ?? 0 })),
+    ),
+    family("leases", "gauge", "Requests holding a lease.", one(snapshot.leases)),
+    family("leases_expired_total", "counter", "Leases expired unreleased.", one(snapshot.expiredLeases)),
+    family(
+      "key_requests_total",
+      "counter",
+      "Requests, by API key label.",
+      keys.map((k) => ({ labels: { key: k.key }, value: k.count })),
+    ),
+    family("config_valid", "gauge", "1 when the stored document is valid.", one(config.valid)),
+    family("config_stale", "gauge", "1 when an older document serves.", one(config.stale)),
+    family("config_problems", "gauge", "Problems in the stored document.", one(config.problems)),
+    family("config_serving", "gauge", "1 when a valid document serves.", one(config.served)),
   ];
 }
 
@@ -281,63 +266,57 @@ export async function readClusterStatus(
 export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[]): ClusterSnapshot {
   if (pools.length === 0) return whole;
   const all = [whole, ...pools];
-  const sum = <T>(items: T[], key: (t: T) => string, count: (t: T) => number, make: (t: T, n: number) => T): T[] => {
-    const m = new Map<string, { item: T; n: number }>();
-    for (const t of items) {
+  const total = (list: ClusterSnapshot[], pick: (s: ClusterSnapshot) => number) => list.reduce((n, s) => n + pick(s), 0);
+  // counters by their labels (the first item's), summed
+  const sum = <T extends { count: number }>(pick: (s: ClusterSnapshot) => T[], key: (t: T) => string): T[] => {
+    const m = new Map<string, T>();
+    for (const t of all.flatMap(pick)) {
       const k = key(t);
-      const seen = m.get(k);
-      m.set(k, { item: seen?.item ?? t, n: (seen?.n ?? 0) + count(t) });
+      m.set(k, { ...(m.get(k) ?? t), count: (m.get(k)?.count ?? 0) + t.count });
     }
-    return [...m.values()].map(({ item, n }) => make(item, n));
+    return [...m.values()];
   };
-  const histogram = (pick: (s: ClusterSnapshot) => Histogram) => {
-    const first = pick(all[0]!);
+  const histogram = (pick: (s: ClusterSnapshot) => Histogram): Histogram => {
+    const first = pick(whole);
     return {
       bounds: first.bounds,
-      counts: first.counts.map((_, i) => all.reduce((n, s) => n + (pick(s).counts[i] ?? 0), 0)),
-      sum: all.reduce((n, s) => n + pick(s).sum, 0),
-      count: all.reduce((n, s) => n + pick(s).count, 0),
+      counts: first.counts.map((_, i) => total(all, (s) => pick(s).counts[i] ?? 0)),
+      sum: total(all, (s) => pick(s).sum),
+      count: total(all, (s) => pick(s).count),
     };
   };
+  const prefix = (key: keyof ClusterSnapshot["prefix"]) => total(pools, (s) => s.prefix[key]);
   return {
     version: pools[0]!.version,
     nodes: pools.flatMap((p) => p.nodes),
-    leases: all.reduce((n, s) => n + s.leases, 0),
-    expiredLeases: all.reduce((n, s) => n + s.expiredLeases, 0),
+    leases: total(all, (s) => s.leases),
+    expiredLeases: total(all, (s) => s.expiredLeases),
     requests: sum(
-      all.flatMap((s) => s.requests),
+      (s) => s.requests,
       (r) => `${r.route} ${r.status}`,
-      (r) => r.count,
-      (r, count) => ({ ...r, count }),
     ),
     decisions: sum(
-      all.flatMap((s) => s.decisions),
+      (s) => s.decisions,
       (d) => `${d.role} ${d.rule}`,
-      (d) => d.count,
-      (d, count) => ({ ...d, count }),
     ),
     disagg: sum(
-      all.flatMap((s) => s.disagg ?? []),
+      (s) => s.disagg ?? [],
       (d) => `${d.mode} ${d.reason}`,
-      (d) => d.count,
-      (d, count) => ({ ...d, count }),
     ),
     prefix: {
-      prefillEntries: pools.reduce((n, s) => n + s.prefix.prefillEntries, 0),
-      decodeEntries: pools.reduce((n, s) => n + s.prefix.decodeEntries, 0),
-      maxEntries: pools.reduce((n, s) => n + s.prefix.maxEntries, 0),
-      lookedUpBlocks: pools.reduce((n, s) => n + s.prefix.lookedUpBlocks, 0),
-      matchedBlocks: pools.reduce((n, s) => n + s.prefix.matchedBlocks, 0),
+      prefillEntries: prefix("prefillEntries"),
+      decodeEntries: prefix("decodeEntries"),
+      maxEntries: prefix("maxEntries"),
+      lookedUpBlocks: prefix("lookedUpBlocks"),
+      matchedBlocks: prefix("matchedBlocks"),
     },
     latency: { ttfb: histogram((s) => s.latency.ttfb), prefill: histogram((s) => s.latency.prefill) },
     admission: {
-      queued: all.reduce((n, s) => n + s.admission.queued, 0),
+      queued: total(all, (s) => s.admission.queued),
       wait: histogram((s) => s.admission.wait),
       rejected: sum(
-        all.flatMap((s) => s.admission.rejected),
+        (s) => s.admission.rejected,
         (r) => r.reason,
-        (r) => r.count,
-        (r, count) => ({ ...r, count }),
       ),
     },
     history: mergeHistory(pools.map((p) => p.history)),

@@ -1,7 +1,7 @@
 import type { Context } from "hono";
 import { Hono } from "hono/tiny";
-import { bodyLimit } from "hono/body-limit";
 import { adminAuth } from "../auth/admin-auth";
+import { bodyLimit } from "../auth/request-limits";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
 import { clusterState, invalidateConfig } from "../config/runtime";
@@ -26,12 +26,10 @@ export const adminRoutes = new Hono<AppEnv>();
 adminRoutes.use("*", adminAuth());
 adminRoutes.use(
   "*",
-  bodyLimit({
-    maxSize: MAX_DOCUMENT_BYTES,
-    onError: () => {
-      throw new RouterError(413, `The cluster document exceeds ${MAX_DOCUMENT_BYTES} bytes.`, "invalid_request_error", "request_too_large");
-    },
-  }),
+  bodyLimit(
+    () => MAX_DOCUMENT_BYTES,
+    (max) => new RouterError(413, `The cluster document exceeds ${max} bytes.`, "invalid_request_error", "request_too_large"),
+  ),
 );
 
 const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY });
@@ -66,8 +64,8 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
         throw new RouterError(
           412,
           result.version === null
-            ? "If-Match was given but no cluster document is stored; nothing was written."
-            : "The cluster document changed since the ETag given in If-Match (another edit won); nothing was written. GET /admin/nodes, re-apply the change, and retry.",
+            ? "No cluster document is stored; nothing was written."
+            : "The cluster document changed since that ETag; nothing was written. Read it again and retry.",
           "invalid_request_error",
           "precondition_failed",
           "if-match",
@@ -75,12 +73,7 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
       case "no_document":
         throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
       case "unusable_stored_document":
-        throw new RouterError(
-          409,
-          "The stored cluster document is not a JSON object with a nodes list; replace it with PUT /admin/nodes first.",
-          "invalid_request_error",
-          "stored_document_unusable",
-        );
+        throw new RouterError(409, "The stored cluster document has no nodes list; replace it with PUT /admin/nodes.", "invalid_request_error", "stored_document_unusable");
       case "node_not_found":
         throw missingNode(result.id);
     }

@@ -140,7 +140,7 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" } 
     case "cluster_busy": {
       const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the admission queue is full" : "no decode node freed up in time";
       const retryAfter = error.kind === "cluster_busy" ? error.retryAfterS : 1;
-      return new RouterError(503, `Every decode node that could serve this request is busy and ${why}; retry later.`, "service_unavailable", "cluster_busy", null, {
+      return new RouterError(503, `Every decode node is busy and ${why}; retry later.`, "service_unavailable", "cluster_busy", null, {
         "retry-after": String(retryAfter),
       });
     }
@@ -206,7 +206,7 @@ interface Routed {
 export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequest): void {
   if ((body as { background?: unknown }).background === true) {
     throw badRequest(
-      "background: true is not supported by this router: a background response runs on one decode node outside the router's load accounting, and only that node could answer GET /v1/responses/{id}. Send the request without background (stream: true to see output as it comes).",
+      "background: true is not supported: the response would run on one node outside the router's accounting. Stream it instead.",
       "background",
       "unsupported_parameter",
     );
@@ -214,7 +214,7 @@ export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequ
   if (protocol === "sglang") {
     throw new RouterError(
       400,
-      "The Responses API cannot be disaggregated under protocol sglang: SGLang's /v1/responses handler does not pass bootstrap_host, bootstrap_port and bootstrap_room to its engine, so the prefill and decode nodes would never exchange the KV cache. Use /v1/chat/completions.",
+      "The Responses API is not routed under protocol sglang: SGLang's /v1/responses passes no bootstrap fields to its engine. Use /v1/chat/completions.",
       "invalid_request_error",
       "unsupported_for_protocol",
     );
@@ -428,11 +428,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
   const prompts = kind === "completion" ? batchPrompts(body) : null;
   if (prompts) {
     if (prompts.length > MAX_BATCH_PROMPTS) {
-      throw badRequest(
-        `Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS} (each becomes its own prefill and decode request). Send the rest in further requests.`,
-        "prompt",
-        "too_many_prompts",
-      );
+      throw badRequest(`Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS}.`, "prompt", "too_many_prompts");
     }
     // the rate limiter counted one request: a batch is as many as it has prompts
     await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
@@ -477,8 +473,7 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
 /** POST /generate (protocol sglang): SGLang's native API, disaggregated like the OpenAI routes. */
 export async function forwardGenerate(c: Ctx): Promise<Response> {
   const config = requireConfig(await currentConfig(c.env));
-  if (config.protocol !== "sglang")
-    throw new RouterError(404, "POST /generate is SGLang's native API: it is routed only under protocol sglang.", "not_found_error", "unknown_route");
+  if (config.protocol !== "sglang") throw new RouterError(404, "POST /generate is routed only under protocol sglang.", "not_found_error", "unknown_route");
   const requestId = c.get("requestId");
   const raw = await c.req.text();
   const body = parseObjectBody(raw, false);

@@ -1,22 +1,22 @@
 import * as v from "valibot";
-import { check, looseObject, renderPath } from "../config/validation";
+import { check, gtValue, integer, looseObject, minLength, minValue, renderPath } from "../config/validation";
 import { badRequest } from "../errors";
 
 // Only what the router itself relies on is checked; every other field passes through to the
 // nodes untouched (they validate their own parameters).
 
 const STRING = "must be a string";
-const int = v.pipe(v.number(), v.integer());
-const tokenLimit = v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.minValue(0))));
+const int = v.pipe(v.number(), integer());
+const tokenLimit = v.optional(v.nullable(v.pipe(v.number(), integer(), minValue(0))));
 
 const contentPart = looseObject({ type: v.string() });
 const message = looseObject({
   role: v.string(STRING),
-  content: v.optional(v.union([v.string(), v.array(contentPart), v.null()])),
+  content: v.optional(v.nullable(v.union([v.string(), v.array(contentPart)]))),
 });
 
 const common = {
-  model: v.pipe(v.string(STRING), v.minLength(1, "must not be empty")),
+  model: v.pipe(v.string(STRING), minLength(1, "must not be empty")),
   stream: v.optional(v.boolean("must be a boolean")),
   user: v.optional(v.string(STRING)),
   max_tokens: tokenLimit,
@@ -26,20 +26,20 @@ const common = {
 
 export const ChatRequestSchema = looseObject({
   ...common,
-  messages: v.pipe(v.array(message, "must be an array"), v.minLength(1, "must not be empty")),
+  messages: v.pipe(v.array(message, "must be an array"), minLength(1, "must not be empty")),
 });
 
 const POSITIVE_INT = "must be a positive integer";
 const tokenIds = v.array(int);
 // strings, token ids, or token-id lists, none empty: the three forms share the outer check, so
 // at most one of them fits a value and names its problem
-const promptList = v.pipe(v.union([v.array(v.string()), tokenIds, v.array(v.pipe(tokenIds, v.minLength(1)))]), v.minLength(1));
+const promptList = v.pipe(v.union([v.array(v.string()), tokenIds, v.array(v.pipe(tokenIds, minLength(1)))]), minLength(1));
 
 export const CompletionRequestSchema = looseObject({
   ...common,
   prompt: v.union([v.string(), promptList]),
   // a batch's choices are numbered prompt * n + sample: the router must read n as the engine does
-  n: v.optional(v.pipe(v.number(POSITIVE_INT), v.integer(POSITIVE_INT), v.gtValue(0, POSITIVE_INT))),
+  n: v.optional(v.pipe(v.number(POSITIVE_INT), integer(POSITIVE_INT), gtValue(0, POSITIVE_INT))),
 });
 
 /** POST /v1/responses: only what routing reads is checked; the engine validates the rest. */
@@ -49,7 +49,7 @@ export const ResponsesRequestSchema = looseObject({
   user: common.user,
   input: v.union([v.string(), v.array(looseObject({}))]),
   instructions: v.optional(v.nullable(v.string(STRING))),
-  max_output_tokens: v.optional(v.nullable(v.pipe(v.number(), v.integer(), v.gtValue(0)))),
+  max_output_tokens: v.optional(v.nullable(v.pipe(v.number(), integer(), gtValue(0)))),
   previous_response_id: v.optional(v.nullable(v.string(STRING))),
 });
 

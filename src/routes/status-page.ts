@@ -15,12 +15,7 @@ async function loadPage(assets: Fetcher | undefined): Promise<{ html: string; sc
   if (loaded) return loaded;
   const res = await assets?.fetch(`https://assets.invalid${PAGE}`);
   if (!res?.ok) {
-    throw new RouterError(
-      500,
-      `The status page is missing: the Worker has no ASSETS binding serving assets${PAGE} (wrangler.toml [assets]).`,
-      "server_error",
-      "status_page_missing",
-    );
+    throw new RouterError(500, `The status page is missing: no ASSETS binding serves assets${PAGE}.`, "server_error", "status_page_missing");
   }
   const html = await res.text();
   const script = html.slice(html.indexOf("<script>") + "<script>".length, html.lastIndexOf("</script>"));

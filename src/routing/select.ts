@@ -46,25 +46,24 @@ export function roleKey(key: string | null, role: Role): string | null {
 
 export function selectRoute(input: SelectionInput): Result<Decision, SelectionError> {
   const cursors = { ...input.cursors };
+  const decodePool = poolOf(input, "decode");
+  const decode = (): Result<Ranked, SelectionError> => {
+    const ranked = rankRole(decodePool);
+    if (ranked.kind === "busy") return fail({ kind: "decode_busy", candidates: ranked.candidates });
+    if (ranked.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
+    if (ranked.usedRoundRobin) cursors.decode += 1;
+    return { ok: true, value: ranked };
+  };
 
   if (input.colocated) {
-    const decode = rankRole(poolOf(input, "decode"));
-    if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
-    if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
-    if (decode.usedRoundRobin) cursors.decode += 1;
-    const prefill: RoleDecision = {
-      id: decode.decision.id,
-      rule: "colocated",
-      candidates: [],
-      fallbacks: [...decode.decision.fallbacks],
-      failOpen: decode.decision.failOpen,
-    };
-    return decided(input, prefill, decode.decision, cursors, "colocated", "always");
+    const d = decode();
+    if (!d.ok) return d;
+    const { id, fallbacks, failOpen } = d.value.decision;
+    return decided(input, { id, rule: "colocated", candidates: [], fallbacks: [...fallbacks], failOpen }, d.value.decision, cursors, "colocated", "always");
   }
-  if (input.policy.disaggregation === "conditional") return selectDecodeFirst(input, cursors);
+  if (input.policy.disaggregation === "conditional") return selectDecodeFirst(input, cursors, decode);
 
   const prefillPool = poolOf(input, "prefill");
-  const decodePool = poolOf(input, "decode");
   const prefill = rankRole(prefillPool);
   if (prefill.kind !== "ok") return fail({ kind: "no_nodes", role: "prefill" });
   if (decodePool.nodes.length === 0) return fail({ kind: "no_nodes", role: "decode" });
@@ -73,30 +72,17 @@ export function selectRoute(input: SelectionInput): Result<Decision, SelectionEr
   // P is still picked and leased, as before conditional disaggregation existed.
   const [mode, reason]: [PdMode, PdReason] = input.pinned === true ? ["local", "pinned"] : ["disaggregated", "always"];
 
-  switch (input.policy.pdGroup) {
-    case "off": {
-      const decode = rankRole(decodePool);
-      if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
-      if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
-      if (decode.usedRoundRobin) cursors.decode += 1;
-      return decided(input, prefill.decision, decode.decision, cursors, mode, reason);
-    }
-    case "prefer": {
-      const decode = rankRole(decodePool);
-      if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
-      if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
-      if (decode.usedRoundRobin) cursors.decode += 1;
-      const group = nodeById(prefillPool.nodes, prefill.decision.id)?.group;
-      const decided_ = group === undefined ? decode.decision : preferGroup(decode, decodePool, group, input.policy.pdGroupBonus);
-      return decided(input, prefill.decision, decided_, cursors, mode, reason);
-    }
-    case "strict": {
-      const strict = strictGroup(prefill, prefillPool, decodePool);
-      if (!strict.ok) return strict;
-      if (strict.value.decodeUsedRoundRobin) cursors.decode += 1;
-      return decided(input, strict.value.prefill, strict.value.decode, cursors, mode, reason);
-    }
+  if (input.policy.pdGroup === "strict") {
+    const strict = strictGroup(prefill, prefillPool, decodePool);
+    if (!strict.ok) return strict;
+    if (strict.value.decodeUsedRoundRobin) cursors.decode += 1;
+    return decided(input, strict.value.prefill, strict.value.decode, cursors, mode, reason);
   }
+  const d = decode();
+  if (!d.ok) return d;
+  const group = input.policy.pdGroup === "prefer" ? nodeById(prefillPool.nodes, prefill.decision.id)?.group : undefined;
+  const decodeDecision = group === undefined ? d.value.decision : preferGroup(d.value, decodePool, group, input.policy.pdGroupBonus);
+  return decided(input, prefill.decision, decodeDecision, cursors, mode, reason);
 }
 
 /** The decision with its mode, reason and the request's size for the nodes picked. */
@@ -140,13 +126,11 @@ export function decisionTokens(input: SelectionInput, prefiller: string | null, 
  * first D whose group has a P). A D that would prefill the request anyway is no P for it when
  * another exists (`both` nodes: one pool serving either way).
  */
-function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"]): Result<Decision, SelectionError> {
+function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], rankDecode: () => Result<Ranked, SelectionError>): Result<Decision, SelectionError> {
   const decodePool = poolOf(input, "decode");
-  const decode = rankRole(decodePool);
-  if (decode.kind === "busy") return fail({ kind: "decode_busy", candidates: decode.candidates });
-  if (decode.kind !== "ok") return fail({ kind: "no_nodes", role: "decode" });
-  if (decode.usedRoundRobin) cursors.decode += 1;
-  const first = decode.decision;
+  const decode = rankDecode();
+  if (!decode.ok) return decode;
+  const first = decode.value.decision;
   const guard = input.guard ?? null;
   const thresholds = {
     tokens: input.policy.localPrefillTokens ?? DEFAULT_LOCAL_PREFILL.tokens,
@@ -201,12 +185,16 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"]):
     const prefillDecision: RoleDecision = strict && index > 0 ? { ...prefill, rule: prefill.rule === "sticky" || prefill.failOpen ? prefill.rule : "pdgroup_strict" } : prefill;
     return decided(input, prefillDecision, decodeDecision, cursors, "disaggregated", answer.reason);
   }
-  const available = [...new Set(input.prefill.filter(isAvailable).map((n) => n.group))];
+  return noneInGroup("prefill", "decode", tried, input.prefill);
+}
+
+/** pdGroup strict found no group with both roles: the groups tried for `other`, and those where `role` may take work. */
+function noneInGroup(role: Role, other: Role, tried: string[], pool: CandidateNode[]): Result<never, SelectionError> {
+  const list = (groups: string[]) => groups.join(", ") || "none";
+  const available = [...new Set(pool.filter(isAvailable).map((n) => n.group))];
   return fail({
     kind: "no_decode_in_group",
-    message:
-      `pdGroup is strict and no prefill node may take work in the group of any decode candidate ` +
-      `(decode groups tried: ${tried.join(", ") || "none"}; groups with an available prefill node: ${available.join(", ") || "none"})`,
+    message: `pdGroup strict: no ${role} node may take work in a group of the ${other} candidates (tried: ${list(tried)}; with an available ${role} node: ${list(available)})`,
   });
 }
 
@@ -448,12 +436,9 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   function finish(order: PolicyOrder, pick: CandidateNode | null, why: DecisionRule, usedRoundRobin: boolean): Ranked {
     const ordered = order.nodes;
     const candidates = ordered.map((n): ScoredCandidate => {
-      const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
-      if (guard !== null) withSignals(c, n, busy(n), barrier(n));
-      workTerms(c, n);
+      const c = candidate(n);
       if (bounded) c.bound = boundOf(n);
-      const rv = rendezvous.get(n.id);
-      if (rv !== undefined) c.rendezvous = rv;
+      withRendezvous(c);
       const terms = order.terms?.get(n.id);
       if (terms) {
         c.matchedBlocks = terms.matched;
@@ -483,12 +468,20 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     };
   }
 
-  /** The candidate's work figures: in-flight tokens, the load weighed, and what it lacks of this prompt. */
-  function workTerms(c: ScoredCandidate, n: CandidateNode): void {
+  /** A node as /v1/route shows it: its state, the guard's figures, in-flight tokens, the load weighed, and what it lacks of this prompt. */
+  function candidate(n: CandidateNode): ScoredCandidate {
+    const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
+    if (guard !== null) withSignals(c, n, busy(n), barrier(n));
     if (n.work !== undefined) c.loadTokens = n.work;
     const effective = loadOf(n);
     if (Number.isFinite(effective)) c.effectiveLoad = round3(effective);
     if (pool.promptChars > 0) c.uncachedTokens = uncachedTokensOf(pool.promptChars, pool.matches[n.id] ?? 0, pool.blockChars, n.charsPerToken);
+    return c;
+  }
+
+  function withRendezvous(c: ScoredCandidate): void {
+    const rv = rendezvous.get(c.id);
+    if (rv !== undefined) c.rendezvous = rv;
   }
 
   function skipReason(n: CandidateNode): ScoredCandidate["skipped"] {
@@ -512,15 +505,9 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     const rest = nodes.filter((n) => !pick.includes(n)).sort((a, b) => compareIds(a.id, b.id));
     const chosenNode = ranked[0] as CandidateNode;
     const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
-      const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
-      if (guard !== null) withSignals(c, n, busy(n), barrier(n));
-      workTerms(c, n);
-      const rv = rendezvous.get(n.id);
-      if (rv !== undefined) c.rendezvous = rv;
-      if (n !== chosenNode) {
-        const skipped: ScoredCandidate["skipped"] = !inScope(n) ? "group" : !n.healthy ? "unhealthy" : "draining";
-        c.skipped = skipped;
-      }
+      const c = candidate(n);
+      withRendezvous(c);
+      if (n !== chosenNode) c.skipped = !inScope(n) ? "group" : !n.healthy ? "unhealthy" : "draining";
       return c;
     });
     return {
@@ -674,12 +661,7 @@ function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Resu
 
   // a group had decode nodes that may take work, all busy: the request waits rather than fails
   if (busy) return fail({ kind: "decode_busy", candidates: busy });
-  const available = [...new Set(decodePool.nodes.filter(isAvailable).map((n) => n.group))];
-  const message =
-    `pdGroup is strict and no decode node may take work in the group of any prefill candidate ` +
-    `(prefill groups tried: ${tried.join(", ") || "none"}; ` +
-    `groups with an available decode node: ${available.join(", ") || "none"})`;
-  return fail({ kind: "no_decode_in_group", message });
+  return noneInGroup("decode", "prefill", tried, decodePool.nodes);
 }
 
 function withoutSkip(c: ScoredCandidate): ScoredCandidate {
