@@ -9,7 +9,8 @@ const twoByTwo = (extra: Record<string, unknown> = {}) => ({
   protocol: "vllm",
   policy: rr,
   health,
-  timeouts: { prefillMs: 400, decodeFirstByteMs: 400 },
+  // long enough for a healthy engine on a busy CI machine; the hanging one costs this much per attempt
+  timeouts: { prefillMs: 1500, decodeFirstByteMs: 1500 },
   nodes: [
     { id: "p0", role: "prefill" as const },
     { id: "p1", role: "prefill" as const },
@@ -20,7 +21,6 @@ const twoByTwo = (extra: Record<string, unknown> = {}) => ({
 });
 
 const node = async (id: string) => (await snapshot()).nodes.find((n) => n.id === id)!;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function send(n: number, content = "health") {
   const out: Response[] = [];
@@ -47,7 +47,8 @@ describe.each([
   beforeEach(healAll);
 
   it("fails over, is ejected after the threshold, and comes back after it heals", async () => {
-    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 400 } }));
+    // ejected for 2 s: long enough that the checks below run while it is open, even on a busy machine
+    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 2000 } }));
     await breakIt("p0");
     // Every request succeeds: a failed P is retried on the other one before anything is sent.
     const first = await send(8);
@@ -65,8 +66,12 @@ describe.each([
     await expectNoLoad();
 
     await control("/reset", {}); // heals every engine (and restarts a stopped one)
-    await sleep(500);
-    expect((await node("p0")).breaker).toBe("half_open");
+    await waitFor(
+      () => node("p0"),
+      (n) => n.breaker === "half_open",
+      5000,
+      "p0's breaker half-open",
+    );
     const after = await send(4);
     expect(after.every((r) => r.status === 200)).toBe(true);
     expect(after.some((r) => r.headers.get("x-pd-prefill") === "p0")).toBe(true);
