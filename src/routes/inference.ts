@@ -31,7 +31,7 @@ import { editMembers } from "../forward/json-text";
 import { sha256Hex } from "../routing/hash";
 import { responseKeyMaterial } from "../routing/affinity-key";
 import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
-import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
+import { parseInferenceRequest, parseJsonObject, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
 type Ctx = Context<AppEnv>;
@@ -486,14 +486,8 @@ export async function forwardGenerate(c: Ctx): Promise<Response> {
 
 /** A JSON object body whose `model`, when present (or required), is a non-empty string. */
 function parseObjectBody(raw: string, modelRequired: boolean): InferenceRequest {
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch {
-    throw badRequest("We could not parse the JSON body of your request.", null, "invalid_json");
-  }
-  if (!value || typeof value !== "object" || Array.isArray(value)) throw badRequest("The request body must be a JSON object.", null, "invalid_json");
-  const model = (value as { model?: unknown }).model;
+  const value = parseJsonObject(raw);
+  const model = value.model;
   if (model === undefined && modelRequired) throw badRequest("Missing required parameter: 'model'.", "model", "missing_required_parameter");
   if (model !== undefined && (typeof model !== "string" || !model)) throw badRequest("Invalid value for 'model': must be a non-empty string.", "model", "invalid_type");
   return value as InferenceRequest;
