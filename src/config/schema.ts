@@ -44,13 +44,7 @@ const nodeUrl = v.pipe(
 
 /** A NODE_* secret name: a document can only name the secrets kept for nodes, never the router's own. */
 const nodeSecretName = (what: string) =>
-  v.pipe(
-    v.string(),
-    regex(
-      /^NODE_[A-Za-z0-9_]{1,123}$/,
-      `must be the name of a Worker secret starting NODE_ (the secret holds ${what}; node secrets live in that namespace, so a document can never point at the router's own secrets)`,
-    ),
-  );
+  v.pipe(v.string(), regex(/^NODE_[A-Za-z0-9_]{1,123}$/, `must name a NODE_* Worker secret (holding ${what}), never one of the router's own secrets`));
 
 /**
  * How the router reaches a node (src/forward/node-fetch.ts). `binding`: a Workers VPC binding
@@ -60,9 +54,7 @@ const nodeSecretName = (what: string) =>
  * CF-Access-Client-Secret, read from the NODE_* secrets named here. Empty: plain `fetch`.
  */
 export const ReachSchema = strictObject({
-  binding: v.optional(
-    v.pipe(v.string(), regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")),
-  ),
+  binding: v.optional(v.pipe(v.string(), regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must name a VPC_* Workers VPC binding"))),
   access: v.optional(
     strictObject({
       clientId: nodeSecretName("the service token's client ID"),
@@ -154,12 +146,13 @@ const TimeoutsSchema = strictObject({
 });
 
 const AT_LEAST_100_MS = "must be at least 100 (ms)";
+const AT_LEAST_1_S = "must be at least 1000 (ms)";
 const AT_MOST_1_HOUR = "must be at most 3600000 (1 hour)";
 const AT_MOST_1_DAY = "must be at most 86400000 (1 day)";
 
 // probeTimeoutMs and probePath have protocol-dependent defaults: see probeSettings (src/state/health.ts).
 const HealthSchema = strictObject({
-  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): shorter is a probe storm", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
   probeTimeoutMs: v.optional(positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max: 60_000, maxMessage: "must be at most 60000 (1 minute)" })),
   probePath: v.optional(v.pipe(v.string(), regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)"))),
   downAfter: v.optional(count, 2),
@@ -174,8 +167,8 @@ const HealthSchema = strictObject({
 // the decode KV guard's thresholds. admission: how long and how many requests may wait at the
 // edge when every decode node that could serve them is busy.
 const SignalsSchema = strictObject({
-  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): engines pay for every scrape", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
-  staleMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms)", max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
+  staleMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
   kvBusy: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(1, "must be at most 1")), 0.9),
   queueBusy: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), 8),
 });
@@ -288,25 +281,24 @@ function usabilityProblems(config: ClusterConfig): Problem[] {
   const problems: Problem[] = [];
   const h = config.health;
   if (h.probeTimeoutMs !== undefined && h.probeTimeoutMs >= h.intervalMs) {
-    problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs}), or probes overlap` });
+    problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs})` });
   }
   if (config.signals.staleMs <= config.signals.intervalMs) {
-    problems.push({ path: "signals.staleMs", message: `must be above signals.intervalMs (${config.signals.intervalMs}), or every reading is stale before the next poll` });
+    problems.push({ path: "signals.staleMs", message: `must be above signals.intervalMs (${config.signals.intervalMs})` });
   }
   if (h.ejectMaxMs < h.ejectBaseMs) {
-    problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs}), or the ejection backoff never grows` });
+    problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs})` });
   }
   if (config.protocol === "sglang") {
     // an SGLang decode-mode server only decodes what a prefill server sent it (SPEC 8)
     config.nodes.forEach((n, i) => {
-      if (n.localPrefill === true)
-        problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang": an SGLang decode node cannot prefill a request alone' });
+      if (n.localPrefill === true) problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang"' });
     });
   }
   if (DISAGGREGATED_PROTOCOLS.includes(config.protocol)) {
     for (const role of ["prefill", "decode"] as const) {
       if (!config.nodes.some((n) => n.role === role || n.role === "both")) {
-        problems.push({ path: "nodes", message: `protocol "${config.protocol}" needs at least one ${role}-capable node (role "${role}" or "both"); there is none` });
+        problems.push({ path: "nodes", message: `protocol "${config.protocol}" needs a ${role}-capable node (role "${role}" or "both")` });
       }
     }
   }

@@ -66,9 +66,7 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
       case "precondition_failed":
         throw new RouterError(
           412,
-          result.version === null
-            ? "No cluster document is stored; nothing was written."
-            : "The cluster document changed since that ETag; nothing was written. Read it again and retry.",
+          result.version === null ? "No cluster document is stored; nothing was written." : "The cluster document changed since that ETag; nothing was written.",
           "invalid_request_error",
           "precondition_failed",
           "if-match",
@@ -76,7 +74,7 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
       case "no_document":
         throw noDocument();
       case "unusable_stored_document":
-        throw new RouterError(409, "The stored cluster document has no nodes list; replace it with PUT /admin/nodes.", "invalid_request_error", "stored_document_unusable");
+        throw new RouterError(409, "The stored cluster document has no nodes list; PUT /admin/nodes replaces it.", "invalid_request_error", "stored_document_unusable");
       case "node_not_found":
         throw missingNode(result.id);
     }

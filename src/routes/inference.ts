@@ -77,7 +77,7 @@ export async function buildRouteRequest(
   }
   const looping = loopingNodes(config, c.req.url);
   if (looping.length) {
-    throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
+    throw new RouterError(508, `Node(s) ${looping.join(", ")} point at the router itself.`, "server_error", "routing_loop");
   }
   const policy = config.policy;
   // A turn that continues a stored response needs the nodes that stored it, whatever the policy.
@@ -138,20 +138,20 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" } 
   switch (error.kind) {
     case "decode_busy":
     case "cluster_busy": {
-      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the admission queue is full" : "no decode node freed up in time";
+      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the queue is full" : "none freed up in time";
       const retryAfter = error.kind === "cluster_busy" ? error.retryAfterS : 1;
-      return new RouterError(503, `Every decode node is busy and ${why}; retry later.`, "service_unavailable", "cluster_busy", null, {
+      return new RouterError(503, `Every decode node is busy and ${why}.`, "service_unavailable", "cluster_busy", null, {
         "retry-after": String(retryAfter),
       });
     }
     case "client_gone":
       return new RouterError(499 as 503, "The request ended while it waited for a decode node.", "upstream_error", "client_closed_request");
     case "no_nodes":
-      return new RouterError(503, `No ${error.role} node is configured for this request.`, "service_unavailable", "no_nodes_available");
+      return new RouterError(503, `No ${error.role} node for this request.`, "service_unavailable", "no_nodes_available");
     case "no_decode_in_group":
       return new RouterError(503, error.message, "service_unavailable", "no_decode_in_group");
     case "stale_view":
-      return new RouterError(503, "The cluster state did not take the cluster document.", "service_unavailable", "cluster_state_unavailable");
+      return new RouterError(503, "The cluster state refused the cluster document.", "service_unavailable", "cluster_state_unavailable");
   }
 }
 
@@ -205,16 +205,12 @@ interface Routed {
  */
 export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequest): void {
   if ((body as { background?: unknown }).background === true) {
-    throw badRequest(
-      "background: true is not supported: the response would run on one node outside the router's accounting. Stream it instead.",
-      "background",
-      "unsupported_parameter",
-    );
+    throw badRequest("background: true is not supported (it would run outside the router); stream instead.", "background", "unsupported_parameter");
   }
   if (protocol === "sglang") {
     throw new RouterError(
       400,
-      "The Responses API is not routed under protocol sglang: SGLang's /v1/responses passes no bootstrap fields to its engine. Use /v1/chat/completions.",
+      "The Responses API is not routed under protocol sglang (SGLang gives it no bootstrap fields); use /v1/chat/completions.",
       "invalid_request_error",
       "unsupported_for_protocol",
     );
@@ -428,7 +424,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
   const prompts = kind === "completion" ? batchPrompts(body) : null;
   if (prompts) {
     if (prompts.length > MAX_BATCH_PROMPTS) {
-      throw badRequest(`Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS}.`, "prompt", "too_many_prompts");
+      throw badRequest(`Too many prompts: ${prompts.length} (at most ${MAX_BATCH_PROMPTS}).`, "prompt", "too_many_prompts");
     }
     // the rate limiter counted one request: a batch is as many as it has prompts
     await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
@@ -464,7 +460,7 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
   // `request.stream`, sgl-project/sglang entrypoints/openai/serving_base.py). Expecting a stream,
   // or forwarding one, would blame a healthy node for the client's request.
   if (body.stream !== undefined && body.stream !== null && body.stream !== false) {
-    throw badRequest(`'stream' is not supported on ${path}: it answers one JSON body.`, "stream", "unsupported_parameter");
+    throw badRequest(`'stream' is not supported on ${path}.`, "stream", "unsupported_parameter");
   }
   const routed = await route(c, "completion", path, raw, body, requestId, true);
   return singleResponse(c, "completion", body, requestId, routed);
