@@ -83,11 +83,10 @@ function urlHost(value: string): string | null {
 const bootstrapHost = v.pipe(
   v.string(),
   maxLength(253),
-  // checked even when too long, so both problems are reported together
+  // checked even when too long, so both problems are reported together; kept as urlHost writes it (parseClusterDocument)
   v.rawCheck(({ dataset, addIssue }) => {
     if (dataset.typed && urlHost(dataset.value) === null) addIssue({ message: HOST_MESSAGE });
   }),
-  v.transform((value) => urlHost(value) as string),
 );
 
 export const NodeSchema = strictObject({
@@ -111,11 +110,12 @@ export const NodeSchema = strictObject({
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
 });
 
-const POLICY = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
+const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
+const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
 
 const PolicySchema = strictObject({
-  prefill: v.optional(oneOf(POLICY)),
-  decode: v.optional(oneOf(POLICY)),
+  prefill: v.optional(oneOf(POLICIES)),
+  decode: v.optional(oneOf(POLICIES)),
   pdGroup: v.optional(oneOf(["off", "prefer", "strict"]), "off"),
   pdGroupBonus: v.optional(between(0, 10), 0.3),
   loadFactor: v.optional(between(1, 100), 1.25),
@@ -179,7 +179,7 @@ const AdmissionSchema = strictObject({
 });
 
 export const ClusterDocumentSchema = strictObject({
-  protocol: v.optional(oneOf(["vllm", "vllm-mooncake", "sglang", "colocated"])),
+  protocol: v.optional(oneOf(PROTOCOLS)),
   policy: v.optional(PolicySchema, {}),
   timeouts: v.optional(TimeoutsSchema, {}),
   health: v.optional(HealthSchema, {}),
@@ -232,11 +232,8 @@ export interface ConfigDefaults {
 
 export type ParseResult = { ok: true; config: ClusterConfig } | { ok: false; problems: Problem[] };
 
-const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
 /** Protocols that send a request to a prefill node and then (or also) to a decode node. */
 export const DISAGGREGATED_PROTOCOLS: readonly Protocol[] = ["vllm", "vllm-mooncake", "sglang"];
-const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
-
 /** Validates a raw document (text or value) and fills in the defaults. Never throws. */
 export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}): ParseResult {
   let value = raw;
@@ -261,7 +258,7 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
     ...rest,
     protocol: doc.protocol ?? defaultProtocol,
     policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
-    nodes: doc.nodes.map((n) => ({ ...n, bootstrapHost: n.bootstrapHost ?? new URL(n.url).hostname, reach: n.reach ?? reach ?? {} })),
+    nodes: doc.nodes.map((n) => ({ ...n, bootstrapHost: n.bootstrapHost === undefined ? new URL(n.url).hostname : (urlHost(n.bootstrapHost) as string), reach: n.reach ?? reach ?? {} })),
   };
   const unusable = usabilityProblems(config);
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
