@@ -1,5 +1,5 @@
 import type { Context } from "hono";
-import { clusterState, clusterView, currentConfig, requireConfig, servesModel } from "../config/runtime";
+import { clusterState, clusterView, currentConfig, numberVar, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
 import { poolFor } from "../config/pools";
 import { nodesPointingAt } from "../config/self-origin";
@@ -31,7 +31,7 @@ import { editMembers } from "../forward/json-text";
 import { sha256Hex } from "../routing/hash";
 import { responseKeyMaterial } from "../routing/affinity-key";
 import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
-import { parseInferenceRequest, parseJsonObject, type InferenceRequest, type RequestKind } from "./request-schema";
+import { checkInferenceRequest, parseInferenceRequest, parseJsonObject, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
 type Ctx = Context<AppEnv>;
@@ -50,10 +50,7 @@ const KEYED_POLICIES = new Set(["affinity", "cache_aware", "least_load"]);
 /** How long a write to the client may wait before the client counts as gone (it left before the response, or stopped reading). */
 export const DEFAULT_CLIENT_STALL_MS = 10_000;
 
-const intVar = (value: unknown, fallback: number) => {
-  const n = Number(value);
-  return typeof value === "string" && value !== "" && Number.isFinite(n) && n > 0 ? n : fallback;
-};
+const positive = (n: number) => n > 0;
 
 /** Everything the Durable Object needs to decide, computed once in the Worker (hashing included). */
 export async function buildRouteRequest(
@@ -232,7 +229,7 @@ async function route(
   if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
   const env = c.env;
-  const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
+  const ttlMs = numberVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS, positive);
   const life = new RequestLife({
     state: clusterState(env, pool),
     waitUntil: (p) => background(c, p, requestId),
@@ -391,7 +388,7 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
 /** The client's stream: written as fast as the client reads, cut when it stops reading for CLIENT_STALL_MS. */
 function toClient(c: Ctx, feed: Parameters<typeof clientStream>[0], idleMs: number, requestId: string): ReadableStream<Uint8Array> {
   return clientStream(feed, {
-    stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
+    stallMs: numberVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS, positive),
     idleMs,
     // workerd drops a request's timers and I/O once its client is gone unless waitUntil holds them
     waitUntil: (p) => background(c, p, requestId),
@@ -563,9 +560,10 @@ async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRe
 
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
 export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
-  // The body is the one the client would send: chat when it has top-level messages.
-  const kind = requestKindOf(raw);
-  const body = parseInferenceRequest(raw, kind);
+  // The body is the one the client would send: a completion when it has a prompt and no messages, else chat.
+  const value = parseJsonObject(raw);
+  const kind: RequestKind = !("messages" in value) && "prompt" in value ? "completion" : "chat";
+  const body = checkInferenceRequest(value, kind);
   const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env, pool);
   // both calls carry the view: they run concurrently, and the snapshot may be the object's first call
@@ -602,14 +600,4 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       signals,
     })),
   });
-}
-
-function requestKindOf(raw: string): RequestKind {
-  try {
-    const value: unknown = JSON.parse(raw);
-    if (value && typeof value === "object" && !("messages" in value) && "prompt" in value) return "completion";
-  } catch {
-    // parseInferenceRequest reports the bad JSON
-  }
-  return "chat";
 }

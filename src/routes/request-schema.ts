@@ -71,8 +71,10 @@ export function parseJsonObject(raw: string): Record<string, unknown> {
 }
 
 /** Parses the body text as JSON and validates it; a RouterError 400 names the bad field. */
-export function parseInferenceRequest(raw: string, kind: RequestKind): InferenceRequest {
-  const value = parseJsonObject(raw);
+export const parseInferenceRequest = (raw: string, kind: RequestKind) => checkInferenceRequest(parseJsonObject(raw), kind);
+
+/** Validates a body already parsed as one JSON object. */
+export function checkInferenceRequest(value: Record<string, unknown>, kind: RequestKind): InferenceRequest {
   const schema = kind === "chat" ? ChatRequestSchema : kind === "completion" ? CompletionRequestSchema : ResponsesRequestSchema;
   const parsed = check(schema, value);
   if (!parsed.ok) {
