@@ -258,7 +258,11 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
     ...rest,
     protocol: doc.protocol ?? defaultProtocol,
     policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
-    nodes: doc.nodes.map((n) => ({ ...n, bootstrapHost: n.bootstrapHost === undefined ? new URL(n.url).hostname : (urlHost(n.bootstrapHost) as string), reach: n.reach ?? reach ?? {} })),
+    nodes: doc.nodes.map((n) => ({
+      ...n,
+      bootstrapHost: n.bootstrapHost === undefined ? new URL(n.url).hostname : (urlHost(n.bootstrapHost) as string),
+      reach: n.reach ?? reach ?? {},
+    })),
   };
   const unusable = usabilityProblems(config);
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
