@@ -81,7 +81,7 @@ export async function chargeRateLimit(env: Env, key: string | undefined, request
   const outcomes = await Promise.all(Array.from({ length: requests }, () => limitOrPass(limiter, key)));
   if (outcomes.every((o) => o.success)) return;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
-  throw new RouterError(429, "Rate limit reached for requests. Retry after retry-after seconds.", "rate_limit_error", "rate_limit_exceeded", null, {
+  throw new RouterError(429, "Rate limit reached for requests.", "rate_limit_error", "rate_limit_exceeded", null, {
     "retry-after": String(retryAfter),
   });
 }
@@ -102,7 +102,7 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
   const key = `auth-fail:ip:${ip ?? "unknown"}`;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
   const tooMany = () =>
-    new RouterError(429, "Too many incorrect API keys from this address. Retry after retry-after seconds.", "rate_limit_error", "too_many_failed_auth", null, {
+    new RouterError(429, "Too many incorrect API keys from this address.", "rate_limit_error", "too_many_failed_auth", null, {
       "retry-after": String(retryAfter),
     });
   return {
