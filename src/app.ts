@@ -1,5 +1,4 @@
 import { Hono } from "hono/tiny";
-import { HTTPException } from "hono/http-exception";
 import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
 import { errorEnvelope, RouterError } from "./errors";
 import { explainRoute, forwardGenerate, forwardInference, forwardOneHop, type AppEnv } from "./routes/inference";
@@ -83,16 +82,10 @@ app.notFound(() => {
   throw new RouterError(404, "Unknown route.", "not_found_error", "unknown_route");
 });
 
+// Every refusal of the router's own is a RouterError (no Hono middleware that throws HTTPException is used).
 app.onError((err, c) => {
-  const error =
-    err instanceof RouterError
-      ? err
-      : err instanceof HTTPException
-        ? new RouterError(err.status as 400, err.message || "Bad request.", err.status >= 500 ? "server_error" : "invalid_request_error", "http_error")
-        : new RouterError(500, "Internal error in the router.", "server_error", "internal_error");
-  if (!(err instanceof RouterError) && !(err instanceof HTTPException)) {
-    console.error(JSON.stringify({ event: "unhandled_error", requestId: c.get("requestId"), error: String(err) }));
-  }
+  const error = err instanceof RouterError ? err : new RouterError(500, "Internal error in the router.", "server_error", "internal_error");
+  if (error !== err) console.error(JSON.stringify({ event: "unhandled_error", requestId: c.get("requestId"), error: String(err) }));
   recordRejected(c, error);
   return c.json(errorEnvelope(error), error.status, { ...error.headers, "x-request-id": c.get("requestId") ?? "" });
 });

@@ -1,5 +1,5 @@
 import type { MiddlewareHandler } from "hono";
-import { clusterState } from "../config/runtime";
+import { clusterState, numberVar } from "../config/runtime";
 import type { Env } from "../env";
 import { RouterError } from "../errors";
 import { background } from "../observability/log";
@@ -62,6 +62,13 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
   };
 }
 
+/** One call to the limiter; a broken limiter must not take the API down: fail open, loudly. */
+const limitOrPass = (limiter: RateLimit, key: string) =>
+  limiter.limit({ key }).catch((err: unknown) => {
+    console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
+    return { success: true };
+  });
+
 /**
  * Counts `requests` more against the caller's limit (RATE_LIMITER, the key the middleware
  * chose, `rateLimitKey`): one for every request, and a batched /v1/completions one more for each further
@@ -71,18 +78,10 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
 export async function chargeRateLimit(env: Env, key: string | undefined, requests: number, options: ClientAccessOptions = {}): Promise<void> {
   const limiter = env.RATE_LIMITER;
   if (!limiter || !key || requests < 1) return;
-  const outcomes = await Promise.all(
-    Array.from({ length: requests }, () =>
-      limiter.limit({ key }).catch((err: unknown) => {
-        // A broken limiter must not take the API down: fail open, loudly.
-        console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
-        return { success: true };
-      }),
-    ),
-  );
+  const outcomes = await Promise.all(Array.from({ length: requests }, () => limitOrPass(limiter, key)));
   if (outcomes.every((o) => o.success)) return;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
-  throw new RouterError(429, "Rate limit reached for requests. Retry after retry-after seconds.", "rate_limit_error", "rate_limit_exceeded", null, {
+  throw new RouterError(429, "Rate limit reached for requests.", "rate_limit_error", "rate_limit_exceeded", null, {
     "retry-after": String(retryAfter),
   });
 }
@@ -103,7 +102,7 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
   const key = `auth-fail:ip:${ip ?? "unknown"}`;
   const retryAfter = options.retryAfterSeconds ?? periodSeconds(env.RATE_LIMIT_PERIOD_S);
   const tooMany = () =>
-    new RouterError(429, "Too many incorrect API keys from this address. Retry after retry-after seconds.", "rate_limit_error", "too_many_failed_auth", null, {
+    new RouterError(429, "Too many incorrect API keys from this address.", "rate_limit_error", "too_many_failed_auth", null, {
       "retry-after": String(retryAfter),
     });
   return {
@@ -114,10 +113,7 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
       blockedUntil.delete(key);
     },
     async count(): Promise<void> {
-      const outcome = await limiter.limit({ key }).catch((err: unknown) => {
-        console.error(JSON.stringify({ event: "rate_limiter_failed", error: String(err) }));
-        return { success: true };
-      });
+      const outcome = await limitOrPass(limiter, key);
       if (outcome.success) return;
       if (blockedUntil.size >= MAX_BLOCKED) blockedUntil.delete(blockedUntil.keys().next().value as string);
       blockedUntil.set(key, Date.now() + retryAfter * 1000);
@@ -126,7 +122,4 @@ function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOpt
   };
 }
 
-function periodSeconds(value: unknown): number {
-  const n = Number(value);
-  return Number.isInteger(n) && n > 0 ? n : 60;
-}
+const periodSeconds = (value: string | undefined) => numberVar(value, 60, (n) => Number.isInteger(n) && n > 0);

@@ -32,9 +32,10 @@ export function stateLocationHint(value: string | undefined): DurableObjectLocat
   return LOCATION_HINTS.find((h) => h === value) ?? null;
 }
 
-function intVar(value: string | undefined, fallback: number): number {
+/** A numeric var ([vars] are strings): its value when it is a number `ok` accepts, else the default. */
+export function numberVar(value: string | undefined, fallback: number, ok = (n: number) => n >= 0): number {
   const n = Number(value);
-  return value !== undefined && value !== "" && Number.isFinite(n) && n >= 0 ? n : fallback;
+  return value !== undefined && value !== "" && Number.isFinite(n) && ok(n) ? n : fallback;
 }
 
 /** Durable Object calls a request waited for while getting the document (its log line counts them). */
@@ -58,7 +59,7 @@ export function currentConfig(env: Env, count?: StateCallCount): Promise<ConfigS
     saveLastGood: (raw) => counted(() => state().saveLastGoodConfig(raw)),
     loadLastGood: () => counted(() => state().lastGoodConfig()),
     defaults: { protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY },
-    ttlMs: intVar(env.CONFIG_TTL_MS, DEFAULT_CONFIG_TTL_MS),
+    ttlMs: numberVar(env.CONFIG_TTL_MS, DEFAULT_CONFIG_TTL_MS),
     now: () => Date.now(),
     log: (event) => console.warn(JSON.stringify(event)),
   });
@@ -110,5 +111,5 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
 export const servesModel = (node: NodeConfig, model: string) => !node.models || node.models.includes(model);
 
 export function maxBodyBytes(env: Env): number {
-  return intVar(env.MAX_BODY_BYTES, 10 * 1024 * 1024);
+  return numberVar(env.MAX_BODY_BYTES, 10 * 1024 * 1024);
 }

@@ -44,13 +44,7 @@ const nodeUrl = v.pipe(
 
 /** A NODE_* secret name: a document can only name the secrets kept for nodes, never the router's own. */
 const nodeSecretName = (what: string) =>
-  v.pipe(
-    v.string(),
-    regex(
-      /^NODE_[A-Za-z0-9_]{1,123}$/,
-      `must be the name of a Worker secret starting NODE_ (the secret holds ${what}; node secrets live in that namespace, so a document can never point at the router's own secrets)`,
-    ),
-  );
+  v.pipe(v.string(), regex(/^NODE_[A-Za-z0-9_]{1,123}$/, `must name a NODE_* Worker secret (holding ${what}), never one of the router's own secrets`));
 
 /**
  * How the router reaches a node (src/forward/node-fetch.ts). `binding`: a Workers VPC binding
@@ -60,9 +54,7 @@ const nodeSecretName = (what: string) =>
  * CF-Access-Client-Secret, read from the NODE_* secrets named here. Empty: plain `fetch`.
  */
 export const ReachSchema = strictObject({
-  binding: v.optional(
-    v.pipe(v.string(), regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)")),
-  ),
+  binding: v.optional(v.pipe(v.string(), regex(/^VPC_[A-Za-z0-9_]{1,123}$/, "must name a VPC_* Workers VPC binding"))),
   access: v.optional(
     strictObject({
       clientId: nodeSecretName("the service token's client ID"),
@@ -91,11 +83,10 @@ function urlHost(value: string): string | null {
 const bootstrapHost = v.pipe(
   v.string(),
   maxLength(253),
-  // checked even when too long, so both problems are reported together
+  // checked even when too long, so both problems are reported together; kept as urlHost writes it (parseClusterDocument)
   v.rawCheck(({ dataset, addIssue }) => {
     if (dataset.typed && urlHost(dataset.value) === null) addIssue({ message: HOST_MESSAGE });
   }),
-  v.transform((value) => urlHost(value) as string),
 );
 
 export const NodeSchema = strictObject({
@@ -119,11 +110,12 @@ export const NodeSchema = strictObject({
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
 });
 
-const POLICY = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
+const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
+const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
 
 const PolicySchema = strictObject({
-  prefill: v.optional(oneOf(POLICY)),
-  decode: v.optional(oneOf(POLICY)),
+  prefill: v.optional(oneOf(POLICIES)),
+  decode: v.optional(oneOf(POLICIES)),
   pdGroup: v.optional(oneOf(["off", "prefer", "strict"]), "off"),
   pdGroupBonus: v.optional(between(0, 10), 0.3),
   loadFactor: v.optional(between(1, 100), 1.25),
@@ -154,12 +146,13 @@ const TimeoutsSchema = strictObject({
 });
 
 const AT_LEAST_100_MS = "must be at least 100 (ms)";
+const AT_LEAST_1_S = "must be at least 1000 (ms)";
 const AT_MOST_1_HOUR = "must be at most 3600000 (1 hour)";
 const AT_MOST_1_DAY = "must be at most 86400000 (1 day)";
 
 // probeTimeoutMs and probePath have protocol-dependent defaults: see probeSettings (src/state/health.ts).
 const HealthSchema = strictObject({
-  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): shorter is a probe storm", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 10_000),
   probeTimeoutMs: v.optional(positiveInt({ min: 50, minMessage: "must be at least 50 (ms)", max: 60_000, maxMessage: "must be at most 60000 (1 minute)" })),
   probePath: v.optional(v.pipe(v.string(), regex(/^\/[A-Za-z0-9._~/-]{0,255}$/, "must be a path starting with / (no query)"))),
   downAfter: v.optional(count, 2),
@@ -174,8 +167,8 @@ const HealthSchema = strictObject({
 // the decode KV guard's thresholds. admission: how long and how many requests may wait at the
 // edge when every decode node that could serve them is busy.
 const SignalsSchema = strictObject({
-  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms): engines pay for every scrape", max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
-  staleMs: v.optional(positiveInt({ min: 1_000, minMessage: "must be at least 1000 (ms)", max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
+  intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
+  staleMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
   kvBusy: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(1, "must be at most 1")), 0.9),
   queueBusy: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), 8),
 });
@@ -186,7 +179,7 @@ const AdmissionSchema = strictObject({
 });
 
 export const ClusterDocumentSchema = strictObject({
-  protocol: v.optional(oneOf(["vllm", "vllm-mooncake", "sglang", "colocated"])),
+  protocol: v.optional(oneOf(PROTOCOLS)),
   policy: v.optional(PolicySchema, {}),
   timeouts: v.optional(TimeoutsSchema, {}),
   health: v.optional(HealthSchema, {}),
@@ -239,11 +232,8 @@ export interface ConfigDefaults {
 
 export type ParseResult = { ok: true; config: ClusterConfig } | { ok: false; problems: Problem[] };
 
-const PROTOCOLS = ["vllm", "vllm-mooncake", "sglang", "colocated"] as const;
 /** Protocols that send a request to a prefill node and then (or also) to a decode node. */
 export const DISAGGREGATED_PROTOCOLS: readonly Protocol[] = ["vllm", "vllm-mooncake", "sglang"];
-const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
-
 /** Validates a raw document (text or value) and fills in the defaults. Never throws. */
 export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}): ParseResult {
   let value = raw;
@@ -268,7 +258,11 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
     ...rest,
     protocol: doc.protocol ?? defaultProtocol,
     policy: { ...doc.policy, prefill: doc.policy.prefill ?? defaultPolicy, decode: doc.policy.decode ?? defaultPolicy },
-    nodes: doc.nodes.map((n) => ({ ...n, bootstrapHost: n.bootstrapHost ?? new URL(n.url).hostname, reach: n.reach ?? reach ?? {} })),
+    nodes: doc.nodes.map((n) => ({
+      ...n,
+      bootstrapHost: n.bootstrapHost === undefined ? new URL(n.url).hostname : (urlHost(n.bootstrapHost) as string),
+      reach: n.reach ?? reach ?? {},
+    })),
   };
   const unusable = usabilityProblems(config);
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
@@ -288,25 +282,24 @@ function usabilityProblems(config: ClusterConfig): Problem[] {
   const problems: Problem[] = [];
   const h = config.health;
   if (h.probeTimeoutMs !== undefined && h.probeTimeoutMs >= h.intervalMs) {
-    problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs}), or probes overlap` });
+    problems.push({ path: "health.probeTimeoutMs", message: `must be below health.intervalMs (${h.intervalMs})` });
   }
   if (config.signals.staleMs <= config.signals.intervalMs) {
-    problems.push({ path: "signals.staleMs", message: `must be above signals.intervalMs (${config.signals.intervalMs}), or every reading is stale before the next poll` });
+    problems.push({ path: "signals.staleMs", message: `must be above signals.intervalMs (${config.signals.intervalMs})` });
   }
   if (h.ejectMaxMs < h.ejectBaseMs) {
-    problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs}), or the ejection backoff never grows` });
+    problems.push({ path: "health.ejectMaxMs", message: `must be at least health.ejectBaseMs (${h.ejectBaseMs})` });
   }
   if (config.protocol === "sglang") {
     // an SGLang decode-mode server only decodes what a prefill server sent it (SPEC 8)
     config.nodes.forEach((n, i) => {
-      if (n.localPrefill === true)
-        problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang": an SGLang decode node cannot prefill a request alone' });
+      if (n.localPrefill === true) problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang"' });
     });
   }
   if (DISAGGREGATED_PROTOCOLS.includes(config.protocol)) {
     for (const role of ["prefill", "decode"] as const) {
       if (!config.nodes.some((n) => n.role === role || n.role === "both")) {
-        problems.push({ path: "nodes", message: `protocol "${config.protocol}" needs at least one ${role}-capable node (role "${role}" or "both"); there is none` });
+        problems.push({ path: "nodes", message: `protocol "${config.protocol}" needs a ${role}-capable node (role "${role}" or "both")` });
       }
     }
   }

@@ -109,12 +109,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
     const partner = o.partnerFailure?.();
     if (!partner) return null;
     const error = said ? `${partner.message}; ${said}` : partner.message;
-    return failed(
-      bytes,
-      { blame: "prefill", timeout: partner.kind === "timeout", error, prefill: partner.report() },
-      "the prefill node failed while the answer streamed",
-      "upstream_prefill_failed",
-    );
+    return failed(bytes, { blame: "prefill", timeout: partner.kind === "timeout", error, prefill: partner.report() }, "the prefill node failed", "upstream_prefill_failed");
   };
 
   /**
@@ -128,7 +123,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
     // the rest of D's answer (its [DONE]) is not wanted
     stopLeg("error event");
     const reason = redact(err.message, leg.call.node.access.token);
-    const error = `decode node ${node} reported an error inside its stream${err.status ? ` (HTTP ${err.status})` : ""}: ${reason}`;
+    const error = `decode node ${node} sent an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${reason}`;
     // no status: SGLang's native /generate, which writes one only for a ValueError (the request's validation)
     const status = err.status ?? 400;
     const outcome = statusOutcome(status, "engine");
@@ -137,8 +132,8 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
       (outcome === "client_error"
         ? failed(bytes, { blame: "client", error, status }, reason, "upstream_rejected", "invalid_request_error")
         : outcome === "busy"
-          ? failed(bytes, { blame: "busy", error, status: 503 }, "the decode node is busy and stopped this answer", "upstream_busy")
-          : failed(bytes, { blame: "decode", error }, "the decode node reported an error while streaming", "upstream_stream_error"))
+          ? failed(bytes, { blame: "busy", error, status: 503 }, "the decode node is busy", "upstream_busy")
+          : failed(bytes, { blame: "decode", error }, "the decode node reported an error", "upstream_stream_error"))
     );
   };
 
@@ -149,13 +144,13 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
     if (read.error) return engineFailed(read.error, bytes);
     if (sse.tooLong) {
       stopLeg("line too long");
-      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes, too long to rewrite`;
-      return failed(bytes, { blame: "none", error }, "an event too large to merge into a batched stream", "batch_event_too_large");
+      const error = `decode node ${node} sent an event over ${MAX_DATA_LINE_BYTES} bytes`;
+      return failed(bytes, { blame: "none", error }, "an event too large for a batched stream", "batch_event_too_large");
     }
     if (!done) return { done, bytes };
     if (sse.complete) return { done, end: { outcome: "ok" }, bytes, error: EMPTY };
     const error = `decode node ${node} ended its stream without ${rule.kind === "done" ? "data: [DONE]" : rule.types.join(" or ")}`;
-    return failed(bytes, { blame: "decode", error }, "the decode node ended its stream before it was complete", "upstream_stream_incomplete");
+    return failed(bytes, { blame: "decode", error }, "the decode node's stream ended incomplete", "upstream_stream_incomplete");
   };
 
   const readFailed = (err: unknown): SourceRead => {
@@ -171,12 +166,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
         "upstream_idle_timeout",
       );
     if (leg.requestEnded) return endedWith({ outcome: "aborted", error: "client disconnected" });
-    return failed(
-      EMPTY,
-      { blame: "decode", error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` },
-      "the decode node failed while streaming",
-      "upstream_stream_error",
-    );
+    return failed(EMPTY, { blame: "decode", error: `decode stream failed: ${(err as Error)?.message ?? String(err)}` }, "the decode node failed", "upstream_stream_error");
   };
 
   const source: DecodeSource = {

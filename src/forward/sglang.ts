@@ -53,7 +53,7 @@ export function runConcurrentPrefill(
         leg.close();
       }
       const error = (leg.response.headers.get("content-type") ?? "").includes("text/event-stream") ? streamErrorOf(text) : null;
-      if (error !== null) throw leg.protocolFailure(`answered its stream with an error event: ${error}`);
+      if (error !== null) throw leg.protocolFailure(`sent an error event: ${error}`);
       ctx.life.prefillDone({ node: p.id, outcome: "ok", ms: Date.now() - started });
       return text;
     })

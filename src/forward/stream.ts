@@ -13,7 +13,7 @@ export const usageRewrite = (fix: (usage: Record<string, unknown>) => void): Dat
  * The member of a completion object (or Responses API event) that holds the usage: `usage`
  * itself, or `response` whose `usage` it is (a Responses object inside `response.completed`).
  */
-function usageHolder(json: string): { member: "usage" | "response"; value: Record<string, unknown>; usage: Record<string, unknown> } | null {
+export function usageHolder(json: string): { member: "usage" | "response"; value: Record<string, unknown>; usage: Record<string, unknown> } | null {
   try {
     const event = JSON.parse(json) as { usage?: unknown; response?: { usage?: unknown } };
     if (event.usage && typeof event.usage === "object") return { member: "usage", value: event.usage as Record<string, unknown>, usage: event.usage as Record<string, unknown> };

@@ -245,7 +245,7 @@ export class Leg {
     const { leg, node } = this.call;
     const status = err.status ?? 400;
     const outcome = statusOutcome(status, "engine");
-    const message = `${leg} node ${node.id} answered its stream with an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.token)}`;
+    const message = `${leg} node ${node.id} sent an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.token)}`;
     const clientMessage = outcome === "client_error" ? redact(err.message, node.access.token) : null;
     const failure = new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, "engine", outcome === "busy" ? BUSY_RETRY_DEFAULT_MS : null, true);
     failure.errorEvent = err;

@@ -1,5 +1,5 @@
 import { memberText } from "./json-text";
-import { prefillUsageOf } from "./stream";
+import { prefillUsageOf, usageHolder } from "./stream";
 import type { DataRewrite } from "./sse-reader";
 
 // The usage of an answer the router does not rewrite (a node that prefilled alone: colocated, a
@@ -28,19 +28,6 @@ export function jsonAnswerUsage(text: string): AnswerUsage | null {
   }
 }
 
-/** One SSE data line's usage, when its value is a JSON event carrying one (`usage`, or `response.usage` in Responses events). */
-function dataUsage(value: string): AnswerUsage | null {
-  try {
-    const event = JSON.parse(value) as { usage?: unknown; response?: { usage?: unknown } } | null;
-    if (!event || typeof event !== "object") return null;
-    if (event.usage && typeof event.usage === "object") return usageCounts({ usage: event.usage });
-    if (event.response?.usage && typeof event.response.usage === "object") return usageCounts({ usage: event.response.usage });
-  } catch {
-    // not JSON: no usage
-  }
-  return null;
-}
-
 /**
  * Watches a stream's data lines for its usage frame (the shared SSE reader hands them over, each
  * held at most MAX_DATA_LINE_BYTES) and reports the last one seen; every line passes unchanged.
@@ -49,7 +36,9 @@ export function usageObserver(onUsage: (usage: AnswerUsage) => void): DataRewrit
   return {
     line(value) {
       if (value.includes('"usage"')) {
-        const usage = dataUsage(value);
+        // `usage`, or `response.usage` in Responses events
+        const holder = usageHolder(value);
+        const usage = holder && usageCounts({ usage: holder.usage });
         if (usage) onUsage(usage);
       }
       return value;

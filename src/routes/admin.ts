@@ -10,6 +10,7 @@ import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
 import type { AppEnv } from "./inference";
+import { parseJsonObject } from "./request-schema";
 import { usageDetailsWarnings } from "../observability/usage-details";
 
 /** The cluster document is small; anything bigger than this is a mistake. */
@@ -48,6 +49,8 @@ function invalidDocument(c: Context<AppEnv>, problems: Problem[]): Response {
   return c.json({ error: { ...errorEnvelope(err).error, problems } }, 400);
 }
 
+const noDocument = () => new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
+
 /** Sends one edit to the Durable Object that serialises document writes, and answers for it. */
 async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Response> {
   const result = await clusterState(c.env).editDocument({
@@ -63,17 +66,15 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
       case "precondition_failed":
         throw new RouterError(
           412,
-          result.version === null
-            ? "No cluster document is stored; nothing was written."
-            : "The cluster document changed since that ETag; nothing was written. Read it again and retry.",
+          result.version === null ? "No cluster document is stored; nothing was written." : "The cluster document changed since that ETag; nothing was written.",
           "invalid_request_error",
           "precondition_failed",
           "if-match",
         );
       case "no_document":
-        throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
+        throw noDocument();
       case "unusable_stored_document":
-        throw new RouterError(409, "The stored cluster document has no nodes list; replace it with PUT /admin/nodes.", "invalid_request_error", "stored_document_unusable");
+        throw new RouterError(409, "The stored cluster document has no nodes list; PUT /admin/nodes replaces it.", "invalid_request_error", "stored_document_unusable");
       case "node_not_found":
         throw missingNode(result.id);
     }
@@ -85,7 +86,7 @@ async function writeDocument(c: Context<AppEnv>, edit: DocumentEdit): Promise<Re
 
 adminRoutes.get("/nodes", async (c) => {
   const raw = await readStored(c.env);
-  if (raw === null) throw new RouterError(404, `No cluster document is stored in KV binding NODES at key "${CONFIG_KEY}".`, "not_found_error", "no_cluster_document");
+  if (raw === null) throw noDocument();
   // Exactly as stored, even when invalid, so `curl > nodes.json`, edit, PUT round-trips.
   return c.body(raw, 200, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", etag: documentETag(raw) });
 });
@@ -128,14 +129,7 @@ function missingNode(id: string): RouterError {
 
 adminRoutes.put("/nodes/:id", async (c) => {
   const id = nodeIdParam(c);
-  let node: unknown;
-  try {
-    node = JSON.parse(await c.req.text());
-  } catch {
-    throw new RouterError(400, "The body must be one node as a JSON object.", "invalid_request_error", "invalid_json");
-  }
-  if (!node || typeof node !== "object" || Array.isArray(node)) throw new RouterError(400, "The body must be one node as a JSON object.", "invalid_request_error", "invalid_json");
-  const given = node as Record<string, unknown>;
+  const given = parseJsonObject(await c.req.text());
   if (given.id !== undefined && given.id !== id)
     throw new RouterError(400, `The node's id "${String(given.id)}" differs from the id in the path.`, "invalid_request_error", "invalid_value", "id");
   return writeDocument(c, { op: "put_node", id, node: given });

@@ -1,5 +1,5 @@
 import type { Context } from "hono";
-import { clusterState, clusterView, currentConfig, requireConfig, servesModel } from "../config/runtime";
+import { clusterState, clusterView, currentConfig, numberVar, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
 import { poolFor } from "../config/pools";
 import { nodesPointingAt } from "../config/self-origin";
@@ -31,7 +31,7 @@ import { editMembers } from "../forward/json-text";
 import { sha256Hex } from "../routing/hash";
 import { responseKeyMaterial } from "../routing/affinity-key";
 import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
-import { parseInferenceRequest, type InferenceRequest, type RequestKind } from "./request-schema";
+import { checkInferenceRequest, parseInferenceRequest, parseJsonObject, type InferenceRequest, type RequestKind } from "./request-schema";
 
 export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
 type Ctx = Context<AppEnv>;
@@ -50,10 +50,7 @@ const KEYED_POLICIES = new Set(["affinity", "cache_aware", "least_load"]);
 /** How long a write to the client may wait before the client counts as gone (it left before the response, or stopped reading). */
 export const DEFAULT_CLIENT_STALL_MS = 10_000;
 
-const intVar = (value: unknown, fallback: number) => {
-  const n = Number(value);
-  return typeof value === "string" && value !== "" && Number.isFinite(n) && n > 0 ? n : fallback;
-};
+const positive = (n: number) => n > 0;
 
 /** Everything the Durable Object needs to decide, computed once in the Worker (hashing included). */
 export async function buildRouteRequest(
@@ -77,7 +74,7 @@ export async function buildRouteRequest(
   }
   const looping = loopingNodes(config, c.req.url);
   if (looping.length) {
-    throw new RouterError(508, `The cluster document points node(s) ${looping.join(", ")} at the router itself.`, "server_error", "routing_loop");
+    throw new RouterError(508, `Node(s) ${looping.join(", ")} point at the router itself.`, "server_error", "routing_loop");
   }
   const policy = config.policy;
   // A turn that continues a stored response needs the nodes that stored it, whatever the policy.
@@ -138,20 +135,20 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" } 
   switch (error.kind) {
     case "decode_busy":
     case "cluster_busy": {
-      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the admission queue is full" : "no decode node freed up in time";
+      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the queue is full" : "none freed up in time";
       const retryAfter = error.kind === "cluster_busy" ? error.retryAfterS : 1;
-      return new RouterError(503, `Every decode node is busy and ${why}; retry later.`, "service_unavailable", "cluster_busy", null, {
+      return new RouterError(503, `Every decode node is busy and ${why}.`, "service_unavailable", "cluster_busy", null, {
         "retry-after": String(retryAfter),
       });
     }
     case "client_gone":
       return new RouterError(499 as 503, "The request ended while it waited for a decode node.", "upstream_error", "client_closed_request");
     case "no_nodes":
-      return new RouterError(503, `No ${error.role} node is configured for this request.`, "service_unavailable", "no_nodes_available");
+      return new RouterError(503, `No ${error.role} node for this request.`, "service_unavailable", "no_nodes_available");
     case "no_decode_in_group":
       return new RouterError(503, error.message, "service_unavailable", "no_decode_in_group");
     case "stale_view":
-      return new RouterError(503, "The cluster state did not take the cluster document.", "service_unavailable", "cluster_state_unavailable");
+      return new RouterError(503, "The cluster state refused the cluster document.", "service_unavailable", "cluster_state_unavailable");
   }
 }
 
@@ -205,16 +202,12 @@ interface Routed {
  */
 export function refuseUnservableResponse(protocol: Protocol, body: InferenceRequest): void {
   if ((body as { background?: unknown }).background === true) {
-    throw badRequest(
-      "background: true is not supported: the response would run on one node outside the router's accounting. Stream it instead.",
-      "background",
-      "unsupported_parameter",
-    );
+    throw badRequest("background: true is not supported (it would run outside the router); stream instead.", "background", "unsupported_parameter");
   }
   if (protocol === "sglang") {
     throw new RouterError(
       400,
-      "The Responses API is not routed under protocol sglang: SGLang's /v1/responses passes no bootstrap fields to its engine. Use /v1/chat/completions.",
+      "The Responses API is not routed under protocol sglang (SGLang gives it no bootstrap fields); use /v1/chat/completions.",
       "invalid_request_error",
       "unsupported_for_protocol",
     );
@@ -236,7 +229,7 @@ async function route(
   if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
   const env = c.env;
-  const ttlMs = intVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS);
+  const ttlMs = numberVar(env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS, positive);
   const life = new RequestLife({
     state: clusterState(env, pool),
     waitUntil: (p) => background(c, p, requestId),
@@ -395,7 +388,7 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
 /** The client's stream: written as fast as the client reads, cut when it stops reading for CLIENT_STALL_MS. */
 function toClient(c: Ctx, feed: Parameters<typeof clientStream>[0], idleMs: number, requestId: string): ReadableStream<Uint8Array> {
   return clientStream(feed, {
-    stallMs: intVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS),
+    stallMs: numberVar(c.env.CLIENT_STALL_MS, DEFAULT_CLIENT_STALL_MS, positive),
     idleMs,
     // workerd drops a request's timers and I/O once its client is gone unless waitUntil holds them
     waitUntil: (p) => background(c, p, requestId),
@@ -428,7 +421,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
   const prompts = kind === "completion" ? batchPrompts(body) : null;
   if (prompts) {
     if (prompts.length > MAX_BATCH_PROMPTS) {
-      throw badRequest(`Too many prompts: ${prompts.length}; a batched request may carry at most ${MAX_BATCH_PROMPTS}.`, "prompt", "too_many_prompts");
+      throw badRequest(`Too many prompts: ${prompts.length} (at most ${MAX_BATCH_PROMPTS}).`, "prompt", "too_many_prompts");
     }
     // the rate limiter counted one request: a batch is as many as it has prompts
     await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
@@ -464,7 +457,7 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
   // `request.stream`, sgl-project/sglang entrypoints/openai/serving_base.py). Expecting a stream,
   // or forwarding one, would blame a healthy node for the client's request.
   if (body.stream !== undefined && body.stream !== null && body.stream !== false) {
-    throw badRequest(`'stream' is not supported on ${path}: it answers one JSON body.`, "stream", "unsupported_parameter");
+    throw badRequest(`'stream' is not supported on ${path}.`, "stream", "unsupported_parameter");
   }
   const routed = await route(c, "completion", path, raw, body, requestId, true);
   return singleResponse(c, "completion", body, requestId, routed);
@@ -486,14 +479,8 @@ export async function forwardGenerate(c: Ctx): Promise<Response> {
 
 /** A JSON object body whose `model`, when present (or required), is a non-empty string. */
 function parseObjectBody(raw: string, modelRequired: boolean): InferenceRequest {
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch {
-    throw badRequest("We could not parse the JSON body of your request.", null, "invalid_json");
-  }
-  if (!value || typeof value !== "object" || Array.isArray(value)) throw badRequest("The request body must be a JSON object.", null, "invalid_json");
-  const model = (value as { model?: unknown }).model;
+  const value = parseJsonObject(raw);
+  const model = value.model;
   if (model === undefined && modelRequired) throw badRequest("Missing required parameter: 'model'.", "model", "missing_required_parameter");
   if (model !== undefined && (typeof model !== "string" || !model)) throw badRequest("Invalid value for 'model': must be a non-empty string.", "model", "invalid_type");
   return value as InferenceRequest;
@@ -573,9 +560,10 @@ async function forwardBatch(c: Ctx, path: string, raw: string, body: InferenceRe
 
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
 export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
-  // The body is the one the client would send: chat when it has top-level messages.
-  const kind = requestKindOf(raw);
-  const body = parseInferenceRequest(raw, kind);
+  // The body is the one the client would send: a completion when it has a prompt and no messages, else chat.
+  const value = parseJsonObject(raw);
+  const kind: RequestKind = !("messages" in value) && "prompt" in value ? "completion" : "chat";
+  const body = checkInferenceRequest(value, kind);
   const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
   const state = clusterState(c.env, pool);
   // both calls carry the view: they run concurrently, and the snapshot may be the object's first call
@@ -612,14 +600,4 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       signals,
     })),
   });
-}
-
-function requestKindOf(raw: string): RequestKind {
-  try {
-    const value: unknown = JSON.parse(raw);
-    if (value && typeof value === "object" && !("messages" in value) && "prompt" in value) return "completion";
-  } catch {
-    // parseInferenceRequest reports the bad JSON
-  }
-  return "chat";
 }

@@ -58,17 +58,23 @@ export type ChatRequest = v.InferOutput<typeof ChatRequestSchema>;
 export type CompletionRequest = v.InferOutput<typeof CompletionRequestSchema>;
 export type InferenceRequest = (ChatRequest | CompletionRequest) & Record<string, unknown>;
 
-/** Parses the body text as JSON and validates it; a RouterError 400 names the bad field. */
-export function parseInferenceRequest(raw: string, kind: RequestKind): InferenceRequest {
+/** A request body that must be one JSON object (every route that takes a body); 400 invalid_json otherwise. */
+export function parseJsonObject(raw: string): Record<string, unknown> {
   let value: unknown;
   try {
     value = JSON.parse(raw);
   } catch {
     throw badRequest("We could not parse the JSON body of your request.", null, "invalid_json");
   }
-  if (!value || typeof value !== "object" || Array.isArray(value)) {
-    throw badRequest("The request body must be a JSON object.", null, "invalid_json");
-  }
+  if (!value || typeof value !== "object" || Array.isArray(value)) throw badRequest("The request body must be a JSON object.", null, "invalid_json");
+  return value as Record<string, unknown>;
+}
+
+/** Parses the body text as JSON and validates it; a RouterError 400 names the bad field. */
+export const parseInferenceRequest = (raw: string, kind: RequestKind) => checkInferenceRequest(parseJsonObject(raw), kind);
+
+/** Validates a body already parsed as one JSON object. */
+export function checkInferenceRequest(value: Record<string, unknown>, kind: RequestKind): InferenceRequest {
   const schema = kind === "chat" ? ChatRequestSchema : kind === "completion" ? CompletionRequestSchema : ResponsesRequestSchema;
   const parsed = check(schema, value);
   if (!parsed.ok) {

@@ -64,7 +64,7 @@ const DOCUMENTS: [string, unknown, Problem[]][] = [
       { path: "timeouts.prefillMs", message: "must be at least 50 (ms)" },
       { path: "timeouts.nonStreamMs", message: "must be at most 21600000 (6 hours)" },
       { path: "health.intervalMs", message: "Expected integer, received float" },
-      { path: "health.intervalMs", message: "must be at least 1000 (ms): shorter is a probe storm" },
+      { path: "health.intervalMs", message: "must be at least 1000 (ms)" },
       { path: "health.downAfter", message: "Number must be greater than 0" },
     ],
   ],
@@ -96,16 +96,15 @@ const DOCUMENTS: [string, unknown, Problem[]][] = [
       nodes: [{ id: "a b", url: "ftp://u:p@h/x", role: "both", apiKeySecret: "API_KEYS", bootstrapHost: "h:80" }],
     },
     [
-      { path: "health.intervalMs", message: "must be at least 1000 (ms): shorter is a probe storm" },
+      { path: "health.intervalMs", message: "must be at least 1000 (ms)" },
       { path: "health.probePath", message: "must be a path starting with / (no query)" },
-      { path: "reach.binding", message: "must be the name of a Workers VPC binding starting VPC_ (only bindings declared for reaching nodes)" },
+      { path: "reach.binding", message: "must name a VPC_* Workers VPC binding" },
       {
         path: "reach.access.clientId",
-        message:
-          "must be the name of a Worker secret starting NODE_ (the secret holds the service token's client ID; node secrets live in that namespace, so a document can never point at the router's own secrets)",
+        message: "must name a NODE_* Worker secret (holding the service token's client ID), never one of the router's own secrets",
       },
       { path: "reach.access.clientSecret", message: "Required" },
-      { path: "signals.intervalMs", message: "must be at least 1000 (ms): engines pay for every scrape" },
+      { path: "signals.intervalMs", message: "must be at least 1000 (ms)" },
       { path: "signals.kvBusy", message: "must be above 0" },
       { path: "signals.queueBusy", message: "Number must be greater than 0" },
       { path: "admission.queueMs", message: "must be 0 (no waiting) or more" },
@@ -114,8 +113,7 @@ const DOCUMENTS: [string, unknown, Problem[]][] = [
       { path: "nodes[0].bootstrapHost", message: "must be a host name or an IP address, without scheme or port" },
       {
         path: "nodes[0].apiKeySecret",
-        message:
-          "must be the name of a Worker secret starting NODE_ (the secret holds the node's bearer token; node secrets live in that namespace, so a document can never point at the router's own secrets)",
+        message: "must name a NODE_* Worker secret (holding the node's bearer token), never one of the router's own secrets",
       },
     ],
   ],
