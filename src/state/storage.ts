@@ -5,6 +5,8 @@ import type { ClusterView } from "./types";
 // - table `cursor` (pool, value): the round-robin cursors, checkpointed by the alarm (cursors.ts says why not per request)
 // - table `kv`, key `cluster`: the last cluster view synced, read back when a new instance starts
 // - table `kv`, key `last_good_document`: the last valid cluster document's text (src/config/load.ts)
+// Writes are `INSERT OR REPLACE`: on a primary-key conflict SQLite deletes the old row and inserts
+// the new one (sqlite.org/lang_conflict.html), which for these two-column tables is an upsert.
 
 export type StoredKey = "cluster" | "last_good_document";
 
@@ -22,7 +24,7 @@ export function openStorage(sql: SqlStorage, cursors: RoundRobinCursors): Cluste
 /** Writes the cursors that moved since they were last saved (the alarm's checkpoint). */
 export function saveCursors(sql: SqlStorage, cursors: RoundRobinCursors): void {
   for (const { role, value } of cursors.unsaved()) {
-    sql.exec(`INSERT INTO cursor (pool, value) VALUES (?, ?) ON CONFLICT(pool) DO UPDATE SET value = excluded.value`, role, value);
+    sql.exec(`INSERT OR REPLACE INTO cursor VALUES (?, ?)`, role, value);
     cursors.saved(role, value);
   }
 }
@@ -32,5 +34,5 @@ export function readKey(sql: SqlStorage, key: StoredKey): string | null {
 }
 
 export function writeKey(sql: SqlStorage, key: StoredKey, value: string): void {
-  sql.exec(`INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, key, value);
+  sql.exec(`INSERT OR REPLACE INTO kv VALUES (?, ?)`, key, value);
 }
