@@ -29,14 +29,13 @@ const NAMES: Record<string, Signal> = {
   "vllm:num_requests_running": "running",
   "vllm:cache_config_info": "cacheConfig",
   "sglang:token_usage": "kvUsage",
-  sglang_token_usage: "kvUsage",
   "sglang:num_queue_reqs": "waiting",
-  sglang_num_queue_reqs: "waiting",
   "sglang:num_running_reqs": "running",
-  sglang_num_running_reqs: "running",
   "sglang:max_total_num_tokens": "capacity",
-  sglang_max_total_num_tokens: "capacity",
 };
+
+/** The signal a series name carries, if any; SGLang >= 0.5.4's `sglang_` names read as `sglang:`. */
+const signalOf = (name: string): Signal | undefined => NAMES[name.replace(/^sglang_/, "sglang:")];
 
 /** One sample line: `name{labels} value [timestamp]`; null when the line is not one. */
 export function parseSample(line: string): { name: string; labels: Record<string, string>; value: number } | null {
@@ -84,20 +83,13 @@ export function parseSample(line: string): { name: string; labels: Record<string
  * is there (an HTML page, garbage, another program's metrics).
  */
 export function readEngineMetrics(text: string): EngineReading | null {
-  const sums: Record<Signal, { total: number; n: number }> = {
-    kvUsage: { total: 0, n: 0 },
-    kvUsageV0: { total: 0, n: 0 },
-    waiting: { total: 0, n: 0 },
-    running: { total: 0, n: 0 },
-    capacity: { total: 0, n: 0 },
-    cacheConfig: { total: 0, n: 0 },
-  };
-  let found = false;
+  // a signal's entry exists once a sample of it was read
+  const sums: Partial<Record<Signal, { total: number; n: number }>> = {};
   for (const raw of text.split("\n")) {
     const line = raw.trimStart();
     if (line === "" || line.startsWith("#")) continue;
     const end = line.search(/[{\s]/);
-    const signal = end > 0 ? NAMES[line.slice(0, end)] : undefined;
+    const signal = end > 0 ? signalOf(line.slice(0, end)) : undefined;
     if (!signal) continue;
     const sample = parseSample(line);
     if (!sample || !Number.isFinite(sample.value)) continue;
@@ -109,13 +101,12 @@ export function readEngineMetrics(text: string): EngineReading | null {
       if (!(blocks > 0 && size > 0)) continue;
       value = blocks * size;
     }
-    sums[signal].total += value;
-    sums[signal].n += 1;
-    found = true;
+    const acc = (sums[signal] ??= { total: 0, n: 0 });
+    acc.total += value;
+    acc.n += 1;
   }
-  if (!found) return null;
-  const mean = (s: { total: number; n: number }) => (s.n > 0 ? s.total / s.n : null);
-  const sum = (s: { total: number; n: number }) => (s.n > 0 ? s.total : null);
+  const mean = (s?: { total: number; n: number }) => (s ? s.total / s.n : null);
+  const sum = (s?: { total: number; n: number }) => (s ? s.total : null);
   const kv = mean(sums.kvUsage) ?? mean(sums.kvUsageV0);
   const reading: EngineReading = {
     kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)),
