@@ -149,7 +149,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
     const d = nodeById(decodePool.nodes, did) as CandidateNode;
     if (strict && tried.includes(d.group)) continue;
     tried.push(d.group);
-    const decodeDecision = index === 0 ? first : walkedDecode(first, walk.slice(0, index), d, decodePool);
+    const decodeDecision: RoleDecision = index === 0 ? first : { ...walkedTo(first, walk.slice(0, index), did, decodePool), rule: "pdgroup_strict", failOpen: false };
     const tokens = decisionTokens(input, null, did);
     const question = {
       promptTokens: tokens.prompt,
@@ -198,16 +198,17 @@ function noneInGroup(role: Role, other: Role, tried: string[], pool: CandidateNo
   });
 }
 
-/** D's pick after walking past `passed` (strict, decode first): the rule says so, failover stays in its group. */
-function walkedDecode(first: RoleDecision, passed: string[], d: CandidateNode, pool: Pool): RoleDecision {
+/**
+ * pdGroup strict's pick `id` further down `first`'s ranking, past the nodes `passed`: those are
+ * skipped for their group, and failover stays in the pick's group.
+ */
+function walkedTo(first: RoleDecision, passed: string[], id: string, pool: Pool): Pick<RoleDecision, "id" | "candidates" | "fallbacks"> {
   const skipped = new Set(passed);
-  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === d.group;
+  const inGroup = inGroupOf(pool, nodeById(pool.nodes, id)?.group);
   return {
-    id: d.id,
-    rule: "pdgroup_strict",
-    candidates: first.candidates.map((c) => (skipped.has(c.id) ? { ...c, skipped: "group" } : c.id === d.id ? withoutSkip(c) : c)),
-    fallbacks: [first.id, ...first.fallbacks].filter((id) => id !== d.id && sameGroup(id)),
-    failOpen: false,
+    id,
+    candidates: first.candidates.map((c) => (skipped.has(c.id) ? { ...c, skipped: "group" } : c.id === id ? withoutSkip(c) : c)),
+    fallbacks: [first.id, ...first.fallbacks].filter((f) => f !== id && inGroup(f)),
   };
 }
 
@@ -307,7 +308,7 @@ function withSignals(c: ScoredCandidate, n: CandidateNode, busy: boolean, barrie
   c.signalsAgeMs = s ? s.ageMs : null;
   c.busy = busy;
   // infinite only at a full cache, which is always busy
-  if (Number.isFinite(barrier)) c.kvBarrier = Math.round(barrier * 1000) / 1000;
+  if (Number.isFinite(barrier)) c.kvBarrier = round3(barrier);
 }
 
 /**
@@ -599,7 +600,8 @@ function preferGroup(ranked: Ranked, pool: Pool, group: string, bonus: number): 
   if (decision.rule === "sticky" || decision.failOpen) return decision;
   const best = nodeById(pool.nodes, decision.id);
   if (!best || best.group === group) return decision;
-  const inGroupId = ranked.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
+  const sameGroup = inGroupOf(pool, group);
+  const inGroupId = ranked.preferred.find(sameGroup);
   const inGroup = inGroupId === undefined ? undefined : nodeById(pool.nodes, inGroupId);
   if (!inGroup) return decision;
   const perWeight = (n: CandidateNode): number => (ranked.effective.get(n.id) ?? n.load) / weightOf(n);
@@ -607,7 +609,6 @@ function preferGroup(ranked: Ranked, pool: Pool, group: string, bonus: number): 
   if (!within) return decision;
 
   const order = [decision.id, ...decision.fallbacks].filter((id) => id !== inGroup.id);
-  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === group;
   const pickedAt = decision.candidates.findIndex((c) => c.id === inGroup.id);
   return {
     id: inGroup.id,
@@ -641,16 +642,8 @@ function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Resu
     if (decode.kind === "busy") busy ??= decode.candidates;
     if (decode.kind !== "ok") continue;
 
-    const sameGroup = (id: string): boolean => nodeById(prefillPool.nodes, id)?.group === group;
-    const passedOver = new Set(walk.slice(0, index));
     const p = prefill.decision;
-    const prefillDecision: RoleDecision = {
-      id: pid,
-      rule: index === 0 ? p.rule : "pdgroup_strict",
-      candidates: p.candidates.map((c) => (passedOver.has(c.id) ? { ...c, skipped: "group" } : c.id === pid ? withoutSkip(c) : c)),
-      fallbacks: walk.filter((id) => id !== pid && sameGroup(id)),
-      failOpen: p.failOpen,
-    };
+    const prefillDecision: RoleDecision = { ...walkedTo(p, walk.slice(0, index), pid, prefillPool), rule: index === 0 ? p.rule : "pdgroup_strict", failOpen: p.failOpen };
     const d = decode.decision;
     const decodeDecision: RoleDecision = d.rule === "sticky" || d.rule === "fail_open" ? d : { ...d, rule: "pdgroup_strict" };
     return {
@@ -668,6 +661,11 @@ function withoutSkip(c: ScoredCandidate): ScoredCandidate {
   if (c.skipped === undefined) return c;
   const { skipped: _skipped, ...rest } = c;
   return rest;
+}
+
+/** Whether a node of the pool is in `group`. */
+function inGroupOf(pool: Pool, group: string | undefined): (id: string) => boolean {
+  return (id) => nodeById(pool.nodes, id)?.group === group;
 }
 
 function nodeById(nodes: readonly CandidateNode[], id: string): CandidateNode | undefined {
