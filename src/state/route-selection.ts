@@ -86,7 +86,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
   const load = m.leases.loadOf(n.id);
   return {
     // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
-    signals: m.signals.routingView(n.id, now, staleMs),
+    signals: m.signals.view(n.id, now, staleMs),
     id: n.id,
     weight: n.weight,
     group: n.group ?? `node:${n.id}`,

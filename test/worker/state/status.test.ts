@@ -78,9 +78,9 @@ describe("a node's engine signals on the status page", () => {
     for (const n of ["d0", "d1"]) s.record(n, reading({ kvUsage: 0.5, kvCapacityTokens: 1_000 }), 0);
     s.dispatched("d0", 200);
     s.moved("d0", "d1", 200);
-    expect(s.routingView("d0", 0, 15_000)?.kvUsage).toBeCloseTo(0.5);
-    expect(s.routingView("d1", 0, 15_000)).toMatchObject({ kvCapacityTokens: 1_000, ageMs: 0 });
-    expect(s.routingView("d1", 0, 15_000)?.kvUsage).toBeCloseTo(0.7);
+    expect(s.view("d0", 0, 15_000)?.kvUsage).toBeCloseTo(0.5);
+    expect(s.view("d1", 0, 15_000)).toMatchObject({ kvCapacityTokens: 1_000, ageMs: 0 });
+    expect(s.view("d1", 0, 15_000)?.kvUsage).toBeCloseTo(0.7);
   });
 });
 
