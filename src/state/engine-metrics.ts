@@ -101,9 +101,10 @@ export function readEngineMetrics(text: string): EngineReading | null {
       if (!(blocks > 0 && size > 0)) continue;
       value = blocks * size;
     }
-    const acc = (sums[signal] ??= { total: 0, n: 0 });
+    const acc = sums[signal] ?? { total: 0, n: 0 };
     acc.total += value;
     acc.n += 1;
+    sums[signal] = acc;
   }
   const mean = (s?: { total: number; n: number }) => (s ? s.total / s.n : null);
   const sum = (s?: { total: number; n: number }) => (s ? s.total : null);
