@@ -16,16 +16,14 @@
  */
 export const DEFAULT_MAX_BLOCKS_PER_REQUEST = 128;
 
+/**
+ * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
+ * (~32 B), a small array of node-id references (~32 B + 8 B per holder; the id strings themselves
+ * are shared), with slack for hash-table growth: about 150 bytes. So 100,000 entries take about
+ * 15 MB of a Durable Object's 128 MB. Measured in V8 (Node 20, 100,000 entries of 16-hex hashes,
+ * 24-block chains over 8 nodes): 129 bytes an entry.
+ */
 export class PrefixIndex {
-  /**
-   * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
-   * (~32 B), a small array of node-id references (~32 B + 8 B per holder; the id strings
-   * themselves are shared), with slack for hash-table growth: about 150 bytes. So 100,000 entries
-   * take about 15 MB of a Durable Object's 128 MB. Measured in V8 (Node 20, 100,000 entries of
-   * 16-hex hashes, 24-block chains over 8 nodes): 129 bytes an entry.
-   */
-  static readonly BYTES_PER_ENTRY_ESTIMATE = 150;
-
   readonly #entries = new Map<string, string[]>();
   readonly #maxEntries: number;
 
