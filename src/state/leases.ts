@@ -42,7 +42,7 @@ export interface NodeLoad {
   requestsDecode: number;
 }
 
-const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
+export const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 
 /**

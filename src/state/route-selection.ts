@@ -103,13 +103,6 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
 }
 
 /** The request needs only the picks: candidates and fallbacks stay in the object (the lease keeps the fallbacks). */
-export const slimDecision = (d: Decision): Decision => ({
-  prefill: slimRole(d.prefill),
-  decode: slimRole(d.decode),
-  cursors: d.cursors,
-  mode: d.mode,
-  reason: d.reason,
-  tokens: d.tokens,
-});
+export const slimDecision = (d: Decision): Decision => ({ ...d, prefill: slimRole(d.prefill), decode: slimRole(d.decode) });
 
-const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
+const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ ...d, candidates: [], fallbacks: [] });
