@@ -156,7 +156,8 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
       uncachedTokens: tokens.uncachedOnDecode ?? tokens.prompt,
       thresholds,
       localPrefill: d.localPrefill === true,
-      decodeBusy: decodeBusyWith(d, guard, tokens.uncachedOnDecode ?? tokens.prompt),
+      // busy now, or once this request's uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks)
+      decodeBusy: guard !== null && isBusyFor(d, guard, tokens.uncachedOnDecode ?? tokens.prompt),
       prefillBusy: null,
     };
     let answer: LocalPrefillAnswer = decideLocalPrefill(question);
@@ -222,14 +223,6 @@ function prefillPoolFor(input: SelectionInput, decodeId: string): Pool {
   const pool = poolOf(input, "prefill");
   const others = pool.nodes.filter((n) => n.id !== decodeId);
   return others.some(isAvailable) ? { ...pool, nodes: others } : pool;
-}
-
-/**
- * D is busy for a local prefill: the KV guard says so now, or would once this request's
- * uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks).
- */
-export function decodeBusyWith(n: CandidateNode, guard: GuardSettings | null, tokens: number): boolean {
-  return guard !== null && isBusyFor(n, guard, tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,7 +541,8 @@ function policyOrder(
       const byId = [...nodes].sort((a, b) => compareIds(a.id, b.id));
       const cycle = byId.filter((n) => isAvailable(n) && inScope(n));
       const rest = byId.filter((n) => !cycle.includes(n));
-      const start = cycle.length === 0 ? 0 : positiveModulo(pool.cursor, cycle.length);
+      // the cursor only counts up from 0, one a request
+      const start = cycle.length === 0 ? 0 : pool.cursor % cycle.length;
       return { nodes: [...cycle.slice(start), ...cycle.slice(0, start), ...rest] };
     }
     case "affinity":
@@ -575,11 +569,6 @@ function policyOrder(
       };
     }
   }
-}
-
-function positiveModulo(value: number, n: number): number {
-  const v = Number.isFinite(value) ? Math.trunc(value) : 0;
-  return ((v % n) + n) % n;
 }
 
 // ---------------------------------------------------------------------------------------------
