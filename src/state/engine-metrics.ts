@@ -37,42 +37,23 @@ const NAMES: Record<string, Signal> = {
 /** The signal a series name carries, if any; SGLang >= 0.5.4's `sglang_` names read as `sglang:`. */
 const signalOf = (name: string): Signal | undefined => NAMES[name.replace(/^sglang_/, "sglang:")];
 
-/** One sample line: `name{labels} value [timestamp]`; null when the line is not one. */
+/**
+ * One sample line, `name{labels} value [timestamp]` (labels optional), as the exposition format
+ * writes it: label values quoted, with `\\`, `\"` and `\n` escaped (so a quoted `}` or `,` is
+ * text). Each alternative starts with a different character: no ambiguity a long line could make slow.
+ */
+const SAMPLE = /^([^{\s]+)(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}\s*|\s+)(\S+)/;
+const LABEL = /(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"/g;
+
+/** One sample line; null when the line is not one. */
 export function parseSample(line: string): { name: string; labels: Record<string, string>; value: number } | null {
-  const nameEnd = line.search(/[{\s]/);
-  if (nameEnd <= 0) return null;
-  const name = line.slice(0, nameEnd);
-  let at = nameEnd;
+  const m = SAMPLE.exec(line);
+  if (!m) return null;
   const labels: Record<string, string> = {};
-  if (line[at] === "{") {
-    at++;
-    for (;;) {
-      while (line[at] === " " || line[at] === ",") at++;
-      if (line[at] === "}") {
-        at++;
-        break;
-      }
-      const eq = line.indexOf("=", at);
-      if (eq < 0 || line[eq + 1] !== '"') return null;
-      const key = line.slice(at, eq).trim();
-      let value = "";
-      let i = eq + 2;
-      for (; i < line.length && line[i] !== '"'; i++) {
-        if (line[i] === "\\" && i + 1 < line.length) {
-          i++;
-          value += line[i] === "n" ? "\n" : line[i];
-        } else value += line[i];
-      }
-      if (i >= line.length) return null;
-      labels[key] = value;
-      at = i + 1;
-    }
-  }
-  const rest = line.slice(at).trim().split(/\s+/)[0];
-  if (rest === undefined || rest === "") return null;
-  const value = rest === "+Inf" ? Infinity : rest === "-Inf" ? -Infinity : Number(rest);
-  if (Number.isNaN(value) && rest !== "NaN") return null;
-  return { name, labels, value };
+  for (const [, key, raw] of (m[2] ?? "").matchAll(LABEL)) labels[key as string] = (raw as string).replace(/\\(.)/g, (_, c: string) => (c === "n" ? "\n" : c));
+  const text = m[3] as string;
+  const value = text === "+Inf" ? Infinity : text === "-Inf" ? -Infinity : Number(text);
+  return Number.isNaN(value) && text !== "NaN" ? null : { name: m[1] as string, labels, value };
 }
 
 /**
