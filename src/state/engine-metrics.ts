@@ -68,12 +68,10 @@ export function readEngineMetrics(text: string): EngineReading | null {
   const sums: Partial<Record<Signal, { total: number; n: number }>> = {};
   for (const raw of text.split("\n")) {
     const line = raw.trimStart();
-    if (line === "" || line.startsWith("#")) continue;
-    const end = line.search(/[{\s]/);
-    const signal = end > 0 ? signalOf(line.slice(0, end)) : undefined;
-    if (!signal) continue;
-    const sample = parseSample(line);
-    if (!sample || !Number.isFinite(sample.value)) continue;
+    // only the series read are parsed (a page has a thousand other lines); a comment names none
+    const signal = signalOf(line.slice(0, line.search(/[{\s]/)));
+    const sample = signal ? parseSample(line) : null;
+    if (!signal || !sample || !Number.isFinite(sample.value)) continue;
     let value = sample.value;
     if (signal === "cacheConfig") {
       // an info gauge: the figures are labels (vllm/v1/metrics/loggers.py, log_metrics_info "cache_config")
