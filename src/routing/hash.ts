@@ -31,10 +31,10 @@ export function hash52(text: string): number {
   h1 ^= Math.imul(h2 ^ (h2 >>> 13), 3266489909);
   h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507);
   h2 ^= Math.imul(h1 ^ (h1 >>> 13), 3266489909);
-  return (h2 & 0xfffff) * 4294967296 + (h1 >>> 0);
+  return (h2 & 0xfffff) * 2 ** 32 + (h1 >>> 0);
 }
 
-const TWO_POW_52 = 4503599627370496;
+const TWO_POW_52 = 2 ** 52;
 
 /**
  * A uniform double strictly inside (0, 1) for the pair (key, nodeId). `(h + 0.5) / 2^52` is exact
