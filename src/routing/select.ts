@@ -452,14 +452,11 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     // a busy node is a last resort for a failover: better than an error once the request is under way
     const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
     const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
-    const effective = new Map(nodes.map((n) => [n.id, loadOf(n)]));
-    return {
-      kind: "ok",
-      decision: { id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false },
-      preferred,
-      usedRoundRobin,
-      effective,
-    };
+    return ranked({ id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false }, preferred, usedRoundRobin);
+  }
+
+  function ranked(decision: RoleDecision, preferred: string[], usedRoundRobin: boolean): Ranked {
+    return { kind: "ok", decision, preferred, usedRoundRobin, effective: new Map(nodes.map((n) => [n.id, loadOf(n)])) };
   }
 
   /** A node as /v1/route shows it: its state, the guard's figures, in-flight tokens, the load weighed, and what it lacks of this prompt. */
@@ -495,28 +492,16 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   function failOpen(): Ranked {
     const healthy = scope.filter((n) => n.healthy);
     const pick = healthy.length > 0 ? healthy : scope;
-    const ranked = [...pick].sort((a, b) => a.lastFailureAt - b.lastFailureAt || byRendezvous(a, b));
+    const byFailure = [...pick].sort((a, b) => a.lastFailureAt - b.lastFailureAt || byRendezvous(a, b));
     const rest = nodes.filter((n) => !pick.includes(n)).sort((a, b) => compareIds(a.id, b.id));
-    const chosenNode = ranked[0] as CandidateNode;
-    const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
+    const chosenNode = byFailure[0] as CandidateNode;
+    const candidates = [...byFailure, ...rest].map((n): ScoredCandidate => {
       const c = candidate(n);
       withRendezvous(c);
       if (n !== chosenNode) c.skipped = !inScope(n) ? "group" : !n.healthy ? "unhealthy" : "draining";
       return c;
     });
-    return {
-      kind: "ok",
-      decision: {
-        id: chosenNode.id,
-        rule: "fail_open",
-        candidates,
-        fallbacks: ranked.slice(1).map((n) => n.id),
-        failOpen: true,
-      },
-      preferred: [],
-      usedRoundRobin: false,
-      effective: new Map(nodes.map((n) => [n.id, loadOf(n)])),
-    };
+    return ranked({ id: chosenNode.id, rule: "fail_open", candidates, fallbacks: byFailure.slice(1).map((n) => n.id), failOpen: true }, [], false);
   }
 }
 

@@ -74,7 +74,7 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
     prefixBlockCount: req.prefixHashes.length,
     sticky: req.key ? (m.sticky.get(req.key) ?? null) : null,
     pinned: req.pinned === true,
-    cursors: { prefill: m.cursors.prefill, decode: m.cursors.decode },
+    cursors: { ...m.cursors },
     guard: guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null,
     promptChars: req.promptChars ?? 0,
   };
