@@ -136,10 +136,12 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
     tokens: input.policy.localPrefillTokens ?? DEFAULT_LOCAL_PREFILL.tokens,
     ratio: input.policy.localPrefillRatio ?? DEFAULT_LOCAL_PREFILL.ratio,
   };
-  const localRole = (d: RoleDecision, peeked: ScoredCandidate[]): RoleDecision => ({ id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false });
+  // D prefills alone: the prefill role names D, with the P candidates looked at (if any)
+  const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) =>
+    decided(input, { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false }, d, cursors, "local", reason);
 
   // A turn that continues a stored response: only its D holds the state, so D serves it alone.
-  if (input.pinned === true) return decided(input, localRole(first, []), first, cursors, "local", "pinned");
+  if (input.pinned === true) return servedLocally(first, [], "pinned");
 
   const strict = input.policy.pdGroup === "strict";
   const busyIds = new Set(first.candidates.filter((c) => c.busy === true).map((c) => c.id));
@@ -151,17 +153,18 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
     tried.push(d.group);
     const decodeDecision: RoleDecision = index === 0 ? first : { ...walkedTo(first, walk.slice(0, index), did, decodePool), rule: "pdgroup_strict", failOpen: false };
     const tokens = decisionTokens(input, null, did);
+    const uncachedTokens = tokens.uncachedOnDecode ?? tokens.prompt;
     const question = {
       promptTokens: tokens.prompt,
-      uncachedTokens: tokens.uncachedOnDecode ?? tokens.prompt,
+      uncachedTokens,
       thresholds,
       localPrefill: d.localPrefill === true,
       // busy now, or once this request's uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks)
-      decodeBusy: guard !== null && isBusyFor(d, guard, tokens.uncachedOnDecode ?? tokens.prompt),
+      decodeBusy: guard !== null && isBusyFor(d, guard, uncachedTokens),
       prefillBusy: null,
     };
     let answer: LocalPrefillAnswer = decideLocalPrefill(question);
-    if (answer.local) return decided(input, localRole(localFallbacks(decodeDecision, decodePool), []), localFallbacks(decodeDecision, decodePool), cursors, "local", answer.reason);
+    if (answer.local) return servedLocally(localFallbacks(decodeDecision, decodePool), [], answer.reason);
 
     const prefillPool = prefillPoolFor(input, did);
     const ranked = strict ? rankRole(prefillPool, d.group) : rankRole(prefillPool);
@@ -178,8 +181,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
       answer = decideLocalPrefill({ ...question, prefillBusy: true });
       if (answer.local) {
         const peeked = prefill.candidates.map((c) => (c.id === prefill.id ? { ...c, queue: p?.signals?.queue ?? null, busy: true } : c));
-        const local = localFallbacks(decodeDecision, decodePool);
-        return decided(input, localRole(local, peeked), local, cursors, "local", answer.reason);
+        return servedLocally(localFallbacks(decodeDecision, decodePool), peeked, answer.reason);
       }
     }
     if (ranked.usedRoundRobin) cursors.prefill += 1;
