@@ -32,9 +32,6 @@ import { promptTokensOf, uncachedTokensOf, workWeightedLoads } from "./work";
  */
 const REQUEST_SHARE_WEIGHT = 0.5;
 
-/** SPEC 8 defaults of `policy.localPrefillTokens` / `localPrefillRatio`, for a view saved before them. */
-const DEFAULT_LOCAL_PREFILL = { tokens: 2048, ratio: 0.7 };
-
 /** Appended to the affinity key for decode, so P and D spread independently of each other. */
 export const DECODE_KEY_DISCRIMINATOR = ":decode";
 
@@ -132,10 +129,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
   if (!decode.ok) return decode;
   const first = decode.value.decision;
   const guard = input.guard ?? null;
-  const thresholds = {
-    tokens: input.policy.localPrefillTokens ?? DEFAULT_LOCAL_PREFILL.tokens,
-    ratio: input.policy.localPrefillRatio ?? DEFAULT_LOCAL_PREFILL.ratio,
-  };
+  const thresholds = { tokens: input.policy.localPrefillTokens, ratio: input.policy.localPrefillRatio };
   // D prefills alone: the prefill role names D, with the P candidates looked at (if any)
   const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) =>
     decided(input, { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false }, d, cursors, "local", reason);
