@@ -196,13 +196,9 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
 
 /** Every valid (mode, reason) at 0 from the start, then any other the object counted. */
 function disaggSamples(counted: ClusterSnapshot["disagg"]): Sample[] {
-  const key = (d: { mode: string; reason: string }) => `${d.mode} ${d.reason}`;
-  const byKey = new Map(counted.map((d) => [key(d), d.count]));
-  const known = new Set(DISAGG_DECISIONS.map(key));
-  return [
-    ...DISAGG_DECISIONS.map((d) => ({ labels: { mode: d.mode, reason: d.reason }, value: byKey.get(key(d)) ?? 0 })),
-    ...counted.filter((d) => !known.has(key(d))).map((d) => ({ labels: { mode: d.mode, reason: d.reason }, value: d.count })),
-  ];
+  // a counted pair replaces its zero in place (a Map keeps a key's first position)
+  const rows = new Map([...DISAGG_DECISIONS.map((d) => ({ ...d, count: 0 })), ...counted].map((d) => [`${d.mode} ${d.reason}`, d]));
+  return [...rows.values()].map((d) => ({ labels: { mode: d.mode, reason: d.reason }, value: d.count }));
 }
 
 const KNOWN_ROUTES = new Set([
@@ -267,12 +263,12 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
   if (pools.length === 0) return whole;
   const all = [whole, ...pools];
   const total = (list: ClusterSnapshot[], pick: (s: ClusterSnapshot) => number) => list.reduce((n, s) => n + pick(s), 0);
-  // counters by their labels (the first item's), summed
-  const sum = <T extends { count: number }>(pick: (s: ClusterSnapshot) => T[], key: (t: T) => string): T[] => {
+  // counters by their labels (all fields but the count), summed
+  const sum = <T extends { count: number }>(pick: (s: ClusterSnapshot) => T[]): T[] => {
     const m = new Map<string, T>();
     for (const t of all.flatMap(pick)) {
-      const k = key(t);
-      m.set(k, { ...(m.get(k) ?? t), count: (m.get(k)?.count ?? 0) + t.count });
+      const k = JSON.stringify({ ...t, count: 0 });
+      m.set(k, { ...t, count: (m.get(k)?.count ?? 0) + t.count });
     }
     return [...m.values()];
   };
@@ -291,33 +287,15 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
     nodes: pools.flatMap((p) => p.nodes),
     leases: total(all, (s) => s.leases),
     expiredLeases: total(all, (s) => s.expiredLeases),
-    requests: sum(
-      (s) => s.requests,
-      (r) => `${r.route} ${r.status}`,
-    ),
-    decisions: sum(
-      (s) => s.decisions,
-      (d) => `${d.role} ${d.rule}`,
-    ),
-    disagg: sum(
-      (s) => s.disagg ?? [],
-      (d) => `${d.mode} ${d.reason}`,
-    ),
-    prefix: {
-      prefillEntries: prefix("prefillEntries"),
-      decodeEntries: prefix("decodeEntries"),
-      maxEntries: prefix("maxEntries"),
-      lookedUpBlocks: prefix("lookedUpBlocks"),
-      matchedBlocks: prefix("matchedBlocks"),
-    },
+    requests: sum((s) => s.requests),
+    decisions: sum((s) => s.decisions),
+    disagg: sum((s) => s.disagg ?? []),
+    prefix: Object.fromEntries(Object.keys(whole.prefix).map((k) => [k, prefix(k as keyof ClusterSnapshot["prefix"])])) as ClusterSnapshot["prefix"],
     latency: { ttfb: histogram((s) => s.latency.ttfb), prefill: histogram((s) => s.latency.prefill) },
     admission: {
       queued: total(all, (s) => s.admission.queued),
       wait: histogram((s) => s.admission.wait),
-      rejected: sum(
-        (s) => s.admission.rejected,
-        (r) => r.reason,
-      ),
+      rejected: sum((s) => s.admission.rejected),
     },
     history: mergeHistory(pools.map((p) => p.history)),
     now: Math.max(...all.map((s) => s.now)),

@@ -24,11 +24,13 @@ export type MetricFamily =
   | { name: string; help: string; type: "counter" | "gauge"; samples: Sample[] }
   | { name: string; help: string; type: "histogram"; samples: HistogramSample[] };
 
-const escapeHelp = (text: string) => text.replace(/\\/g, "\\\\").replace(/\n/g, "\\n");
-export const escapeLabelValue = (text: string) => text.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
+/** The format's only escapes: `\\`, a newline as `\n` and, in label values, `\"`. */
+const escaped = (text: string, chars: RegExp) => text.replace(chars, (c) => (c === "\n" ? "\\n" : `\\${c}`));
+const escapeHelp = (text: string) => escaped(text, /[\\\n]/g);
+const escapeLabelValue = (text: string) => escaped(text, /[\\\n"]/g);
 
+/** A sample value as the format writes it: String(NaN) is already "NaN", the infinities are not. */
 export function formatValue(value: number): string {
-  if (Number.isNaN(value)) return "NaN";
   if (value === Infinity) return "+Inf";
   if (value === -Infinity) return "-Inf";
   return String(value);

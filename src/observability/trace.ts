@@ -10,12 +10,9 @@ const randomHex = () => crypto.randomUUID().replaceAll("-", "");
 
 export interface TraceContext {
   traceId: string;
-  /** the router's span: the parent of every upstream leg */
-  spanId: string;
-  flags: string;
   /** the client's tracestate, passed on unchanged */
   state: string | null;
-  /** a traceparent for one upstream request (a new span under the router's) */
+  /** the traceparent of an upstream request: the router's span (the parent of every leg), the flags kept */
   child(): string;
 }
 
@@ -26,5 +23,5 @@ export function traceContext(traceparent: string | null | undefined, tracestate:
   const flags = valid ? m[3]! : "01";
   const state = valid && tracestate ? tracestate.slice(0, 512) : null;
   const spanId = randomHex().slice(16);
-  return { traceId, spanId, flags, state, child: () => `00-${traceId}-${spanId}-${flags}` };
+  return { traceId, state, child: () => `00-${traceId}-${spanId}-${flags}` };
 }

@@ -14,20 +14,18 @@ export const USAGE_DETAILS_SAMPLE = 20;
 export function usageDetailsOf(answer: Record<string, unknown>): boolean | null {
   const usage = answer.usage as Record<string, unknown> | null | undefined;
   if (!usage || typeof usage !== "object" || typeof usage.prompt_tokens !== "number") return null;
-  return usage.prompt_tokens_details !== undefined && usage.prompt_tokens_details !== null;
+  return usage.prompt_tokens_details != null;
 }
 
 /** One node's record (kept by the ClusterState object). */
 export interface UsageDetailsRecord {
   answers: number;
   withDetails: number;
-  /** the log line has been written */
-  warned: boolean;
 }
 
 export type UsageDetailsVerdict = "reported" | "missing" | "unknown";
 
-export const freshUsageDetails = (): UsageDetailsRecord => ({ answers: 0, withDetails: 0, warned: false });
+export const freshUsageDetails = (): UsageDetailsRecord => ({ answers: 0, withDetails: 0 });
 
 export function usageDetailsVerdict(r: UsageDetailsRecord | undefined): UsageDetailsVerdict {
   if (!r) return "unknown";
@@ -35,13 +33,14 @@ export function usageDetailsVerdict(r: UsageDetailsRecord | undefined): UsageDet
   return r.answers >= USAGE_DETAILS_SAMPLE ? "missing" : "unknown";
 }
 
-/** Counts one answer; true when this one made the node "missing" for the first time (log it, once). */
+/**
+ * Counts one answer; true when this one made the node "missing" (log it): answers count up one
+ * at a time, so that is the sample's last answer with none reported before, and it happens once.
+ */
 export function noteUsageDetails(r: UsageDetailsRecord, reported: boolean): boolean {
   r.answers += 1;
   if (reported) r.withDetails += 1;
-  if (r.warned || usageDetailsVerdict(r) !== "missing") return false;
-  r.warned = true;
-  return true;
+  return r.withDetails === 0 && r.answers === USAGE_DETAILS_SAMPLE;
 }
 
 export function usageDetailsWarning(node: string): string {

@@ -3,14 +3,10 @@
 // once per node per request. Both depend only on the input string, so every isolate agrees.
 
 const encoder = new TextEncoder();
-const HEX: string[] = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, "0"));
 
-/** Lower-case hex of a byte buffer. */
-export function toHex(buffer: ArrayBuffer, bytes = buffer.byteLength): string {
-  const view = new Uint8Array(buffer, 0, Math.min(bytes, buffer.byteLength));
-  let out = "";
-  for (const byte of view) out += HEX[byte];
-  return out;
+/** Lower-case hex of a byte buffer's first `bytes` bytes (all of it by default). */
+export function toHex(buffer: ArrayBuffer, bytes?: number): string {
+  return [...new Uint8Array(buffer, 0, bytes)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 /** Hex SHA-256 of the UTF-8 encoding of `text`. */
@@ -35,10 +31,10 @@ export function hash52(text: string): number {
   h1 ^= Math.imul(h2 ^ (h2 >>> 13), 3266489909);
   h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507);
   h2 ^= Math.imul(h1 ^ (h1 >>> 13), 3266489909);
-  return (h2 & 0xfffff) * 4294967296 + (h1 >>> 0);
+  return (h2 & 0xfffff) * 2 ** 32 + (h1 >>> 0);
 }
 
-const TWO_POW_52 = 4503599627370496;
+const TWO_POW_52 = 2 ** 52;
 
 /**
  * A uniform double strictly inside (0, 1) for the pair (key, nodeId). `(h + 0.5) / 2^52` is exact

@@ -16,16 +16,14 @@
  */
 export const DEFAULT_MAX_BLOCKS_PER_REQUEST = 128;
 
+/**
+ * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
+ * (~32 B), a small array of node-id references (~32 B + 8 B per holder; the id strings themselves
+ * are shared), with slack for hash-table growth: about 150 bytes. So 100,000 entries take about
+ * 15 MB of a Durable Object's 128 MB. Measured in V8 (Node 20, 100,000 entries of 16-hex hashes,
+ * 24-block chains over 8 nodes): 129 bytes an entry.
+ */
 export class PrefixIndex {
-  /**
-   * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
-   * (~32 B), a small array of node-id references (~32 B + 8 B per holder; the id strings
-   * themselves are shared), with slack for hash-table growth: about 150 bytes. So 100,000 entries
-   * take about 15 MB of a Durable Object's 128 MB. Measured in V8 (Node 20, 100,000 entries of
-   * 16-hex hashes, 24-block chains over 8 nodes): 129 bytes an entry.
-   */
-  static readonly BYTES_PER_ENTRY_ESTIMATE = 150;
-
   readonly #entries = new Map<string, string[]>();
   readonly #maxEntries: number;
 
@@ -48,7 +46,7 @@ export class PrefixIndex {
   match(hashes: readonly string[], nodeIds: readonly string[]): Record<string, number> {
     const result: Record<string, number> = {};
     for (const id of nodeIds) result[id] = 0;
-    let active = nodeIds.filter((id, i) => nodeIds.indexOf(id) === i);
+    let active = [...new Set(nodeIds)];
     let matchedDepth = 0;
     for (const hash of hashes) {
       if (active.length === 0) break;
@@ -59,7 +57,10 @@ export class PrefixIndex {
       for (const id of active) result[id] = (result[id] ?? 0) + 1;
       matchedDepth++;
     }
-    for (let i = matchedDepth - 1; i >= 0; i--) this.#touch(hashes[i] as string);
+    for (let i = matchedDepth - 1; i >= 0; i--) {
+      const hash = hashes[i] as string;
+      this.#touch(hash, this.#entries.get(hash) as string[]);
+    }
     return result;
   }
 
@@ -72,14 +73,9 @@ export class PrefixIndex {
     const count = Math.min(hashes.length, Math.max(0, Math.floor(maxBlocks)));
     for (let i = count - 1; i >= 0; i--) {
       const hash = hashes[i] as string;
-      const holders = this.#entries.get(hash);
-      if (holders) {
-        this.#entries.delete(hash);
-        if (!holders.includes(nodeId)) holders.push(nodeId);
-        this.#entries.set(hash, holders);
-      } else {
-        this.#entries.set(hash, [nodeId]);
-      }
+      const holders = this.#entries.get(hash) ?? [];
+      if (!holders.includes(nodeId)) holders.push(nodeId);
+      this.#touch(hash, holders);
     }
     this.#evict();
   }
@@ -98,18 +94,13 @@ export class PrefixIndex {
     this.#entries.clear();
   }
 
-  #touch(hash: string): void {
-    const holders = this.#entries.get(hash);
-    if (!holders) return;
+  /** The entry moves to the newest end of the eviction order (a Map keeps insertion order). */
+  #touch(hash: string, holders: string[]): void {
     this.#entries.delete(hash);
     this.#entries.set(hash, holders);
   }
 
   #evict(): void {
-    while (this.#entries.size > this.#maxEntries) {
-      const oldest = this.#entries.keys().next();
-      if (oldest.done) return;
-      this.#entries.delete(oldest.value);
-    }
+    while (this.#entries.size > this.#maxEntries) this.#entries.delete(this.#entries.keys().next().value as string);
   }
 }

@@ -32,9 +32,6 @@ import { promptTokensOf, uncachedTokensOf, workWeightedLoads } from "./work";
  */
 const REQUEST_SHARE_WEIGHT = 0.5;
 
-/** SPEC 8 defaults of `policy.localPrefillTokens` / `localPrefillRatio`, for a view saved before them. */
-const DEFAULT_LOCAL_PREFILL = { tokens: 2048, ratio: 0.7 };
-
 /** Appended to the affinity key for decode, so P and D spread independently of each other. */
 export const DECODE_KEY_DISCRIMINATOR = ":decode";
 
@@ -132,14 +129,13 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
   if (!decode.ok) return decode;
   const first = decode.value.decision;
   const guard = input.guard ?? null;
-  const thresholds = {
-    tokens: input.policy.localPrefillTokens ?? DEFAULT_LOCAL_PREFILL.tokens,
-    ratio: input.policy.localPrefillRatio ?? DEFAULT_LOCAL_PREFILL.ratio,
-  };
-  const localRole = (d: RoleDecision, peeked: ScoredCandidate[]): RoleDecision => ({ id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false });
+  const thresholds = { tokens: input.policy.localPrefillTokens, ratio: input.policy.localPrefillRatio };
+  // D prefills alone: the prefill role names D, with the P candidates looked at (if any)
+  const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) =>
+    decided(input, { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false }, d, cursors, "local", reason);
 
   // A turn that continues a stored response: only its D holds the state, so D serves it alone.
-  if (input.pinned === true) return decided(input, localRole(first, []), first, cursors, "local", "pinned");
+  if (input.pinned === true) return servedLocally(first, [], "pinned");
 
   const strict = input.policy.pdGroup === "strict";
   const busyIds = new Set(first.candidates.filter((c) => c.busy === true).map((c) => c.id));
@@ -149,18 +145,20 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
     const d = nodeById(decodePool.nodes, did) as CandidateNode;
     if (strict && tried.includes(d.group)) continue;
     tried.push(d.group);
-    const decodeDecision = index === 0 ? first : walkedDecode(first, walk.slice(0, index), d, decodePool);
+    const decodeDecision: RoleDecision = index === 0 ? first : { ...walkedTo(first, walk.slice(0, index), did, decodePool), rule: "pdgroup_strict", failOpen: false };
     const tokens = decisionTokens(input, null, did);
+    const uncachedTokens = tokens.uncachedOnDecode ?? tokens.prompt;
     const question = {
       promptTokens: tokens.prompt,
-      uncachedTokens: tokens.uncachedOnDecode ?? tokens.prompt,
+      uncachedTokens,
       thresholds,
       localPrefill: d.localPrefill === true,
-      decodeBusy: decodeBusyWith(d, guard, tokens.uncachedOnDecode ?? tokens.prompt),
+      // busy now, or once this request's uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks)
+      decodeBusy: guard !== null && isBusyFor(d, guard, uncachedTokens),
       prefillBusy: null,
     };
     let answer: LocalPrefillAnswer = decideLocalPrefill(question);
-    if (answer.local) return decided(input, localRole(localFallbacks(decodeDecision, decodePool), []), localFallbacks(decodeDecision, decodePool), cursors, "local", answer.reason);
+    if (answer.local) return servedLocally(localFallbacks(decodeDecision, decodePool), [], answer.reason);
 
     const prefillPool = prefillPoolFor(input, did);
     const ranked = strict ? rankRole(prefillPool, d.group) : rankRole(prefillPool);
@@ -177,8 +175,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
       answer = decideLocalPrefill({ ...question, prefillBusy: true });
       if (answer.local) {
         const peeked = prefill.candidates.map((c) => (c.id === prefill.id ? { ...c, queue: p?.signals?.queue ?? null, busy: true } : c));
-        const local = localFallbacks(decodeDecision, decodePool);
-        return decided(input, localRole(local, peeked), local, cursors, "local", answer.reason);
+        return servedLocally(localFallbacks(decodeDecision, decodePool), peeked, answer.reason);
       }
     }
     if (ranked.usedRoundRobin) cursors.prefill += 1;
@@ -198,16 +195,17 @@ function noneInGroup(role: Role, other: Role, tried: string[], pool: CandidateNo
   });
 }
 
-/** D's pick after walking past `passed` (strict, decode first): the rule says so, failover stays in its group. */
-function walkedDecode(first: RoleDecision, passed: string[], d: CandidateNode, pool: Pool): RoleDecision {
+/**
+ * pdGroup strict's pick `id` further down `first`'s ranking, past the nodes `passed`: those are
+ * skipped for their group, and failover stays in the pick's group.
+ */
+function walkedTo(first: RoleDecision, passed: string[], id: string, pool: Pool): Pick<RoleDecision, "id" | "candidates" | "fallbacks"> {
   const skipped = new Set(passed);
-  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === d.group;
+  const inGroup = inGroupOf(pool, nodeById(pool.nodes, id)?.group);
   return {
-    id: d.id,
-    rule: "pdgroup_strict",
-    candidates: first.candidates.map((c) => (skipped.has(c.id) ? { ...c, skipped: "group" } : c.id === d.id ? withoutSkip(c) : c)),
-    fallbacks: [first.id, ...first.fallbacks].filter((id) => id !== d.id && sameGroup(id)),
-    failOpen: false,
+    id,
+    candidates: first.candidates.map((c) => (skipped.has(c.id) ? { ...c, skipped: "group" } : c.id === id ? withoutSkip(c) : c)),
+    fallbacks: [first.id, ...first.fallbacks].filter((f) => f !== id && inGroup(f)),
   };
 }
 
@@ -221,14 +219,6 @@ function prefillPoolFor(input: SelectionInput, decodeId: string): Pool {
   const pool = poolOf(input, "prefill");
   const others = pool.nodes.filter((n) => n.id !== decodeId);
   return others.some(isAvailable) ? { ...pool, nodes: others } : pool;
-}
-
-/**
- * D is busy for a local prefill: the KV guard says so now, or would once this request's
- * uncached tokens are in its KV (Dynamo's decode-busy gate counts the request's own blocks).
- */
-export function decodeBusyWith(n: CandidateNode, guard: GuardSettings | null, tokens: number): boolean {
-  return guard !== null && isBusyFor(n, guard, tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,7 +297,7 @@ function withSignals(c: ScoredCandidate, n: CandidateNode, busy: boolean, barrie
   c.signalsAgeMs = s ? s.ageMs : null;
   c.busy = busy;
   // infinite only at a full cache, which is always busy
-  if (Number.isFinite(barrier)) c.kvBarrier = Math.round(barrier * 1000) / 1000;
+  if (Number.isFinite(barrier)) c.kvBarrier = round3(barrier);
 }
 
 /**
@@ -458,14 +448,11 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     // a busy node is a last resort for a failover: better than an error once the request is under way
     const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
     const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
-    const effective = new Map(nodes.map((n) => [n.id, loadOf(n)]));
-    return {
-      kind: "ok",
-      decision: { id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false },
-      preferred,
-      usedRoundRobin,
-      effective,
-    };
+    return ranked({ id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false }, preferred, usedRoundRobin);
+  }
+
+  function ranked(decision: RoleDecision, preferred: string[], usedRoundRobin: boolean): Ranked {
+    return { kind: "ok", decision, preferred, usedRoundRobin, effective: new Map(nodes.map((n) => [n.id, loadOf(n)])) };
   }
 
   /** A node as /v1/route shows it: its state, the guard's figures, in-flight tokens, the load weighed, and what it lacks of this prompt. */
@@ -501,28 +488,16 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   function failOpen(): Ranked {
     const healthy = scope.filter((n) => n.healthy);
     const pick = healthy.length > 0 ? healthy : scope;
-    const ranked = [...pick].sort((a, b) => a.lastFailureAt - b.lastFailureAt || byRendezvous(a, b));
+    const byFailure = [...pick].sort((a, b) => a.lastFailureAt - b.lastFailureAt || byRendezvous(a, b));
     const rest = nodes.filter((n) => !pick.includes(n)).sort((a, b) => compareIds(a.id, b.id));
-    const chosenNode = ranked[0] as CandidateNode;
-    const candidates = [...ranked, ...rest].map((n): ScoredCandidate => {
+    const chosenNode = byFailure[0] as CandidateNode;
+    const candidates = [...byFailure, ...rest].map((n): ScoredCandidate => {
       const c = candidate(n);
       withRendezvous(c);
       if (n !== chosenNode) c.skipped = !inScope(n) ? "group" : !n.healthy ? "unhealthy" : "draining";
       return c;
     });
-    return {
-      kind: "ok",
-      decision: {
-        id: chosenNode.id,
-        rule: "fail_open",
-        candidates,
-        fallbacks: ranked.slice(1).map((n) => n.id),
-        failOpen: true,
-      },
-      preferred: [],
-      usedRoundRobin: false,
-      effective: new Map(nodes.map((n) => [n.id, loadOf(n)])),
-    };
+    return ranked({ id: chosenNode.id, rule: "fail_open", candidates, fallbacks: byFailure.slice(1).map((n) => n.id), failOpen: true }, [], false);
   }
 }
 
@@ -547,7 +522,8 @@ function policyOrder(
       const byId = [...nodes].sort((a, b) => compareIds(a.id, b.id));
       const cycle = byId.filter((n) => isAvailable(n) && inScope(n));
       const rest = byId.filter((n) => !cycle.includes(n));
-      const start = cycle.length === 0 ? 0 : positiveModulo(pool.cursor, cycle.length);
+      // the cursor only counts up from 0, one a request
+      const start = cycle.length === 0 ? 0 : pool.cursor % cycle.length;
       return { nodes: [...cycle.slice(start), ...cycle.slice(0, start), ...rest] };
     }
     case "affinity":
@@ -576,11 +552,6 @@ function policyOrder(
   }
 }
 
-function positiveModulo(value: number, n: number): number {
-  const v = Number.isFinite(value) ? Math.trunc(value) : 0;
-  return ((v % n) + n) % n;
-}
-
 // ---------------------------------------------------------------------------------------------
 // pdGroup
 
@@ -599,7 +570,8 @@ function preferGroup(ranked: Ranked, pool: Pool, group: string, bonus: number): 
   if (decision.rule === "sticky" || decision.failOpen) return decision;
   const best = nodeById(pool.nodes, decision.id);
   if (!best || best.group === group) return decision;
-  const inGroupId = ranked.preferred.find((id) => nodeById(pool.nodes, id)?.group === group);
+  const sameGroup = inGroupOf(pool, group);
+  const inGroupId = ranked.preferred.find(sameGroup);
   const inGroup = inGroupId === undefined ? undefined : nodeById(pool.nodes, inGroupId);
   if (!inGroup) return decision;
   const perWeight = (n: CandidateNode): number => (ranked.effective.get(n.id) ?? n.load) / weightOf(n);
@@ -607,7 +579,6 @@ function preferGroup(ranked: Ranked, pool: Pool, group: string, bonus: number): 
   if (!within) return decision;
 
   const order = [decision.id, ...decision.fallbacks].filter((id) => id !== inGroup.id);
-  const sameGroup = (id: string): boolean => nodeById(pool.nodes, id)?.group === group;
   const pickedAt = decision.candidates.findIndex((c) => c.id === inGroup.id);
   return {
     id: inGroup.id,
@@ -641,16 +612,8 @@ function strictGroup(prefill: Ranked, prefillPool: Pool, decodePool: Pool): Resu
     if (decode.kind === "busy") busy ??= decode.candidates;
     if (decode.kind !== "ok") continue;
 
-    const sameGroup = (id: string): boolean => nodeById(prefillPool.nodes, id)?.group === group;
-    const passedOver = new Set(walk.slice(0, index));
     const p = prefill.decision;
-    const prefillDecision: RoleDecision = {
-      id: pid,
-      rule: index === 0 ? p.rule : "pdgroup_strict",
-      candidates: p.candidates.map((c) => (passedOver.has(c.id) ? { ...c, skipped: "group" } : c.id === pid ? withoutSkip(c) : c)),
-      fallbacks: walk.filter((id) => id !== pid && sameGroup(id)),
-      failOpen: p.failOpen,
-    };
+    const prefillDecision: RoleDecision = { ...walkedTo(p, walk.slice(0, index), pid, prefillPool), rule: index === 0 ? p.rule : "pdgroup_strict", failOpen: p.failOpen };
     const d = decode.decision;
     const decodeDecision: RoleDecision = d.rule === "sticky" || d.rule === "fail_open" ? d : { ...d, rule: "pdgroup_strict" };
     return {
@@ -668,6 +631,11 @@ function withoutSkip(c: ScoredCandidate): ScoredCandidate {
   if (c.skipped === undefined) return c;
   const { skipped: _skipped, ...rest } = c;
   return rest;
+}
+
+/** Whether a node of the pool is in `group`. */
+function inGroupOf(pool: Pool, group: string | undefined): (id: string) => boolean {
+  return (id) => nodeById(pool.nodes, id)?.group === group;
 }
 
 function nodeById(nodes: readonly CandidateNode[], id: string): CandidateNode | undefined {

@@ -33,10 +33,13 @@ export interface SelectionPolicy {
    * alone when the prompt's uncached tokens there are few (absent in views saved before it: always)
    */
   disaggregation?: "always" | "conditional" | undefined;
-  /** conditional: prefill on D alone only below this many uncached tokens ... */
-  localPrefillTokens?: number | undefined;
+  /**
+   * conditional: prefill on D alone only below this many uncached tokens ... (a view saved before
+   * these fields has no `disaggregation` either, so it never reads them)
+   */
+  localPrefillTokens: number;
   /** ... and below this share of the prompt */
-  localPrefillRatio?: number | undefined;
+  localPrefillRatio: number;
   pdGroup: PdGroupMode;
   pdGroupBonus: number;
   loadFactor: number;

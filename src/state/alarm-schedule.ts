@@ -20,9 +20,9 @@ export class AlarmSchedule {
     for (const job of Object.keys(periods) as AlarmJob[]) {
       const period = periods[job];
       const j = this.#jobs.get(job);
-      if (j === undefined) this.#jobs.set(job, { due: now + period, period });
-      else if (period < j.period) this.#jobs.set(job, { due: Math.min(j.due, now + period), period });
-      else if (period > j.period) this.#jobs.set(job, { due: j.due - j.period + period, period });
+      // an unchanged period keeps its due time (the last case with equal periods)
+      const due = j === undefined ? now + period : period < j.period ? Math.min(j.due, now + period) : j.due - j.period + period;
+      this.#jobs.set(job, { due, period });
     }
   }
 

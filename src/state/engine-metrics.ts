@@ -29,51 +29,31 @@ const NAMES: Record<string, Signal> = {
   "vllm:num_requests_running": "running",
   "vllm:cache_config_info": "cacheConfig",
   "sglang:token_usage": "kvUsage",
-  sglang_token_usage: "kvUsage",
   "sglang:num_queue_reqs": "waiting",
-  sglang_num_queue_reqs: "waiting",
   "sglang:num_running_reqs": "running",
-  sglang_num_running_reqs: "running",
   "sglang:max_total_num_tokens": "capacity",
-  sglang_max_total_num_tokens: "capacity",
 };
 
-/** One sample line: `name{labels} value [timestamp]`; null when the line is not one. */
+/** The signal a series name carries, if any; SGLang >= 0.5.4's `sglang_` names read as `sglang:`. */
+const signalOf = (name: string): Signal | undefined => NAMES[name.replace(/^sglang_/, "sglang:")];
+
+/**
+ * One sample line, `name{labels} value [timestamp]` (labels optional), as the exposition format
+ * writes it: label values quoted, with `\\`, `\"` and `\n` escaped (so a quoted `}` or `,` is
+ * text). Each alternative starts with a different character: no ambiguity a long line could make slow.
+ */
+const SAMPLE = /^([^{\s]+)(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}\s*|\s+)(\S+)/;
+const LABEL = /(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"/g;
+
+/** One sample line; null when the line is not one. */
 export function parseSample(line: string): { name: string; labels: Record<string, string>; value: number } | null {
-  const nameEnd = line.search(/[{\s]/);
-  if (nameEnd <= 0) return null;
-  const name = line.slice(0, nameEnd);
-  let at = nameEnd;
+  const m = SAMPLE.exec(line);
+  if (!m) return null;
   const labels: Record<string, string> = {};
-  if (line[at] === "{") {
-    at++;
-    for (;;) {
-      while (line[at] === " " || line[at] === ",") at++;
-      if (line[at] === "}") {
-        at++;
-        break;
-      }
-      const eq = line.indexOf("=", at);
-      if (eq < 0 || line[eq + 1] !== '"') return null;
-      const key = line.slice(at, eq).trim();
-      let value = "";
-      let i = eq + 2;
-      for (; i < line.length && line[i] !== '"'; i++) {
-        if (line[i] === "\\" && i + 1 < line.length) {
-          i++;
-          value += line[i] === "n" ? "\n" : line[i];
-        } else value += line[i];
-      }
-      if (i >= line.length) return null;
-      labels[key] = value;
-      at = i + 1;
-    }
-  }
-  const rest = line.slice(at).trim().split(/\s+/)[0];
-  if (rest === undefined || rest === "") return null;
-  const value = rest === "+Inf" ? Infinity : rest === "-Inf" ? -Infinity : Number(rest);
-  if (Number.isNaN(value) && rest !== "NaN") return null;
-  return { name, labels, value };
+  for (const [, key, raw] of (m[2] ?? "").matchAll(LABEL)) labels[key as string] = (raw as string).replace(/\\(.)/g, (_, c: string) => (c === "n" ? "\n" : c));
+  const text = m[3] as string;
+  const value = text === "+Inf" ? Infinity : text === "-Inf" ? -Infinity : Number(text);
+  return Number.isNaN(value) && text !== "NaN" ? null : { name: m[1] as string, labels, value };
 }
 
 /**
@@ -84,23 +64,14 @@ export function parseSample(line: string): { name: string; labels: Record<string
  * is there (an HTML page, garbage, another program's metrics).
  */
 export function readEngineMetrics(text: string): EngineReading | null {
-  const sums: Record<Signal, { total: number; n: number }> = {
-    kvUsage: { total: 0, n: 0 },
-    kvUsageV0: { total: 0, n: 0 },
-    waiting: { total: 0, n: 0 },
-    running: { total: 0, n: 0 },
-    capacity: { total: 0, n: 0 },
-    cacheConfig: { total: 0, n: 0 },
-  };
-  let found = false;
+  // a signal's entry exists once a sample of it was read
+  const sums: Partial<Record<Signal, { total: number; n: number }>> = {};
   for (const raw of text.split("\n")) {
     const line = raw.trimStart();
-    if (line === "" || line.startsWith("#")) continue;
-    const end = line.search(/[{\s]/);
-    const signal = end > 0 ? NAMES[line.slice(0, end)] : undefined;
-    if (!signal) continue;
-    const sample = parseSample(line);
-    if (!sample || !Number.isFinite(sample.value)) continue;
+    // only the series read are parsed (a page has a thousand other lines); a comment names none
+    const signal = signalOf(line.slice(0, line.search(/[{\s]/)));
+    const sample = signal ? parseSample(line) : null;
+    if (!signal || !sample || !Number.isFinite(sample.value)) continue;
     let value = sample.value;
     if (signal === "cacheConfig") {
       // an info gauge: the figures are labels (vllm/v1/metrics/loggers.py, log_metrics_info "cache_config")
@@ -109,13 +80,13 @@ export function readEngineMetrics(text: string): EngineReading | null {
       if (!(blocks > 0 && size > 0)) continue;
       value = blocks * size;
     }
-    sums[signal].total += value;
-    sums[signal].n += 1;
-    found = true;
+    const acc = sums[signal] ?? { total: 0, n: 0 };
+    acc.total += value;
+    acc.n += 1;
+    sums[signal] = acc;
   }
-  if (!found) return null;
-  const mean = (s: { total: number; n: number }) => (s.n > 0 ? s.total / s.n : null);
-  const sum = (s: { total: number; n: number }) => (s.n > 0 ? s.total : null);
+  const mean = (s?: { total: number; n: number }) => (s ? s.total / s.n : null);
+  const sum = (s?: { total: number; n: number }) => (s ? s.total : null);
   const kv = mean(sums.kvUsage) ?? mean(sums.kvUsageV0);
   const reading: EngineReading = {
     kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)),

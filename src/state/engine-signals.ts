@@ -11,14 +11,12 @@ export interface SignalSettings {
   queueBusy: number;
 }
 
-/** A node's signals as routing sees them: the last poll projected forward by what was sent since. */
-export interface SignalView {
-  /** projected KV use 0..1; null when the engine reports none */
-  kvUsage: number | null;
-  /** projected engine queue (waiting requests); null when the engine reports none */
-  queue: number | null;
-  /** how old the poll is */
-  ageMs: number;
+/**
+ * A node's signals as routing sees them: the last poll projected forward by what was sent since
+ * (kvUsage 0..1 and queue, null when the engine reports none), how old the poll is, the engine's
+ * KV capacity.
+ */
+export interface SignalView extends RoutingSignals {
   /** what the poll itself said */
   reported: EngineReading;
 }
@@ -72,19 +70,11 @@ export class EngineSignals {
     this.dispatched(to, tokens);
   }
 
-  /** The node's projected signals, or null when there is no poll younger than `staleMs`. */
+  /** The node's projected signals (what routing uses), or null when there is no poll younger than `staleMs`. */
   view(node: string, now: number, staleMs: number): SignalView | null {
     const s = this.#byNode.get(node);
     if (!s || now - s.at > staleMs) return null;
-    return { ...projectSignals(s), ageMs: Math.max(0, now - s.at), reported: s.reading };
-  }
-
-  /** The node's signals as routing uses them: projected, or null when stale or never polled. */
-  routingView(node: string, now: number, staleMs: number): RoutingSignals | null {
-    const s = this.#byNode.get(node);
-    if (!s || now - s.at > staleMs) return null;
-    const { kvUsage, queue } = projectSignals(s);
-    return { kvUsage, queue, ageMs: Math.max(0, now - s.at), kvCapacityTokens: s.reading.kvCapacityTokens };
+    return { ...projectSignals(s), ageMs: Math.max(0, now - s.at), kvCapacityTokens: s.reading.kvCapacityTokens, reported: s.reading };
   }
 
   /**

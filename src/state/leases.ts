@@ -42,7 +42,7 @@ export interface NodeLoad {
   requestsDecode: number;
 }
 
-const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
+export const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 
 /**
@@ -136,16 +136,14 @@ export class LeaseTable {
 
   /** The request still runs: its lease lives another TTL. False when it is gone. */
   renew(id: string, now: number): boolean {
-    const lease = this.#leases.get(id);
-    if (!lease) return false;
-    lease.expiresAt = now + this.ttlMs;
-    return true;
+    return this.expireAt(id, now + this.ttlMs);
   }
 
-  /** An admitted request's lease lives only until `at` unless renewed (a reservation). */
-  expireAt(id: string, at: number): void {
+  /** The lease lives until `at` (an admitted request's, unless renewed: a reservation). False when it is gone. */
+  expireAt(id: string, at: number): boolean {
     const lease = this.#leases.get(id);
     if (lease) lease.expiresAt = at;
+    return lease !== undefined;
   }
 
   /** P answered: its part of the lease ends. True when `node` held it. */

@@ -5,7 +5,7 @@ import { CharsPerToken } from "./chars-per-token";
 import type { NodeLease } from "./leases";
 import type { ClusterView, NodeStatus, RouteRequest } from "./types";
 
-/** per role; ~130 bytes an entry (PrefixIndex.BYTES_PER_ENTRY_ESTIMATE): ~26 MB for both */
+/** per role; ~130 bytes an entry (prefix-index.ts): ~26 MB for both */
 export const PREFIX_INDEX_ENTRIES = 100_000;
 const ROLES = ["prefill", "decode"] as const;
 

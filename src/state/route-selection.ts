@@ -74,7 +74,7 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
     prefixBlockCount: req.prefixHashes.length,
     sticky: req.key ? (m.sticky.get(req.key) ?? null) : null,
     pinned: req.pinned === true,
-    cursors: { prefill: m.cursors.prefill, decode: m.cursors.decode },
+    cursors: { ...m.cursors },
     guard: guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null,
     promptChars: req.promptChars ?? 0,
   };
@@ -86,7 +86,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
   const load = m.leases.loadOf(n.id);
   return {
     // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
-    signals: m.signals.routingView(n.id, now, staleMs),
+    signals: m.signals.view(n.id, now, staleMs),
     id: n.id,
     weight: n.weight,
     group: n.group ?? `node:${n.id}`,
@@ -103,13 +103,6 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
 }
 
 /** The request needs only the picks: candidates and fallbacks stay in the object (the lease keeps the fallbacks). */
-export const slimDecision = (d: Decision): Decision => ({
-  prefill: slimRole(d.prefill),
-  decode: slimRole(d.decode),
-  cursors: d.cursors,
-  mode: d.mode,
-  reason: d.reason,
-  tokens: d.tokens,
-});
+export const slimDecision = (d: Decision): Decision => ({ ...d, prefill: slimRole(d.prefill), decode: slimRole(d.decode) });
 
-const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ id: d.id, rule: d.rule, failOpen: d.failOpen, candidates: [], fallbacks: [] });
+const slimRole = (d: Decision["prefill"]): Decision["prefill"] => ({ ...d, candidates: [], fallbacks: [] });

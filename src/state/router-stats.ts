@@ -2,7 +2,10 @@ import type { Decision, Role } from "../routing/types";
 import { newHistogram, observe } from "./histogram";
 import type { ClusterSnapshot, LegReport } from "./types";
 
-/** The object's counters for /metrics: requests by route and status, keys, decisions, latencies, prefix lookups. */
+/**
+ * The object's counters for /metrics: requests by route and status, keys, decisions, latencies,
+ * prefix lookups. A counter's key is its labels as JSON, read back as a row with its count.
+ */
 export class RouterStats {
   readonly #requests = new Map<string, number>();
   /** requests per API key label (a short hash of the key, never the key) */
@@ -15,18 +18,18 @@ export class RouterStats {
   expiredLeases = 0;
 
   countRequest(route: string, status: number): void {
-    bump(this.#requests, `${route}\u0000${status}`);
+    bump(this.#requests, { route, status });
   }
 
   countKey(label: string): void {
-    bump(this.#keys, label);
+    bump(this.#keys, { key: label });
   }
 
   /** A request was routed: each role's rule, and how it is served and why. */
   countRouted(decision: Decision): void {
-    bump(this.#decisions, `prefill\u0000${decision.prefill.rule}`);
-    bump(this.#decisions, `decode\u0000${decision.decode.rule}`);
-    bump(this.#disagg, `${decision.mode}\u0000${decision.reason}`);
+    bump(this.#decisions, { role: "prefill", rule: decision.prefill.rule });
+    bump(this.#decisions, { role: "decode", rule: decision.decode.rule });
+    bump(this.#disagg, { mode: decision.mode, reason: decision.reason });
   }
 
   /** A lease expired unreleased: its request stopped renewing without finishing (counted as a 499). */
@@ -42,7 +45,7 @@ export class RouterStats {
   }
 
   disagg(): ClusterSnapshot["disagg"] {
-    return split(this.#disagg).map(({ parts, count }) => ({ mode: parts[0]!, reason: parts[1]!, count }));
+    return rows(this.#disagg);
   }
 
   countPrefix(looked: number, matched: number): void {
@@ -51,20 +54,22 @@ export class RouterStats {
   }
 
   keyCounts(): Array<{ key: string; count: number }> {
-    return [...this.#keys].map(([key, count]) => ({ key, count }));
+    return rows(this.#keys);
   }
 
   requests(): ClusterSnapshot["requests"] {
-    return split(this.#requests).map(({ parts, count }) => ({ route: parts[0]!, status: Number(parts[1]), count }));
+    return rows(this.#requests);
   }
 
   decisions(): ClusterSnapshot["decisions"] {
-    return split(this.#decisions).map(({ parts, count }) => ({ role: parts[0] as Role, rule: parts[1]!, count }));
+    return rows(this.#decisions);
   }
 }
 
-function bump(m: Map<string, number>, key: string): void {
+function bump(m: Map<string, number>, labels: object): void {
+  const key = JSON.stringify(labels);
   m.set(key, (m.get(key) ?? 0) + 1);
 }
 
-const split = (m: Map<string, number>) => [...m].map(([k, count]) => ({ parts: k.split("\u0000"), count }));
+/** The counters as rows: their labels and count (typed by the caller: the keys were written by this class). */
+const rows = <T>(m: Map<string, number>): T[] => [...m].map(([labels, count]) => ({ ...JSON.parse(labels), count }));

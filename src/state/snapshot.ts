@@ -4,7 +4,7 @@ import type { EdgeAdmission } from "./edge-admission";
 import type { EngineSignals, SignalSettings } from "./engine-signals";
 import { breakerState, isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
-import type { LeaseTable } from "./leases";
+import { type LeaseTable, newLoad } from "./leases";
 import type { HistoryPoint, NodeHistory } from "./node-history";
 import type { PrefillUsageDetails } from "./prefill-usage-details";
 import type { PrefixMemory } from "./prefix-memory";
@@ -47,7 +47,7 @@ export function clusterSnapshot(cluster: ClusterView | null, m: StatusSources, n
 /** One node: its health and breaker, its leases' load, its engine's signals, its prefix feedback. */
 export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources): NodeStatus {
   const h = m.health.view(n.id);
-  const c = m.leases.loadOf(n.id);
+  const { requestsPrefill, requestsDecode, ...inflight } = m.leases.loadOf(n.id) ?? newLoad();
   const decodes = n.role === "decode" || n.role === "both";
   return {
     id: n.id,
@@ -63,8 +63,8 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     failureStreak: h.failureStreak,
     failuresTotal: h.failuresTotal,
     lastFailureAt: h.lastFailureAt,
-    inflight: { prefill: c?.prefill ?? 0, decode: c?.decode ?? 0, tokens: c?.tokens ?? 0, prefillTokens: c?.prefillTokens ?? 0 },
-    requestsTotal: { prefill: c?.requestsPrefill ?? 0, decode: c?.requestsDecode ?? 0 },
+    inflight,
+    requestsTotal: { prefill: requestsPrefill, decode: requestsDecode },
     signals: m.signals.status(n.id, decodes, now, signals),
     usageDetails: m.usageDetails.verdict(n.id),
     prefix: m.prefixes.status(n.id),

@@ -171,12 +171,7 @@ describe("round robin across P and D, shared by every isolate through the Durabl
     const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any, state: DurableObjectState) => unknown) => Promise<any>;
     const [memory, stored] = await run(stub, (instance, state) => [
       { ...instance.cursors },
-      Object.fromEntries(
-        state.storage.sql
-          .exec<{ pool: string; value: number }>("SELECT pool, value FROM cursor")
-          .toArray()
-          .map((r) => [r.pool, r.value]),
-      ),
+      JSON.parse(state.storage.sql.exec<{ value: string }>("SELECT value FROM kv WHERE key = 'cursors'").one().value),
     ]);
     expect(stored).toEqual(memory);
     expect(memory.prefill).toBeGreaterThanOrEqual(12);

@@ -21,6 +21,9 @@ export function selection(fields: InputFields = {}): SelectionInput {
       // the strict rule (SPEC 5 with loadSlack 0), so the bounds these tests reason about are tight
       loadSlack: 0,
       cacheAware: { blockChars: 512, loadFactor: 3, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 },
+      // SPEC 8 defaults (the schema fills them in)
+      localPrefillTokens: 2048,
+      localPrefillRatio: 0.7,
       ...policy,
     },
     colocated: false,

@@ -94,8 +94,4 @@ describe("PrefixIndex", () => {
       }),
     );
   });
-
-  it("documents its memory cost per entry", () => {
-    expect(PrefixIndex.BYTES_PER_ENTRY_ESTIMATE).toBeGreaterThan(0);
-  });
 });

@@ -1,6 +1,5 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { canonicalPromptText, promptCharCount } from "../../../src/routing/prefix-blocks";
 import { promptTokensOf, uncachedTokensOf, workWeightedLoads } from "../../../src/routing/work";
 
 // A request's size in tokens for one node, and in-flight load counted by work (issue 17 item 4).
@@ -67,23 +66,5 @@ describe("workWeightedLoads", () => {
         [true, true],
       ),
     ).toEqual([0, 0]);
-  });
-});
-
-describe("promptCharCount", () => {
-  const message = fc.record({
-    role: fc.constantFrom("system", "user", "assistant", "tool"),
-    content: fc.oneof(fc.string(), fc.array(fc.record({ type: fc.constant("text"), text: fc.string() }))),
-  });
-  it("is the length of the canonical prompt text, for chat, Responses and completions bodies (property)", () => {
-    fc.assert(
-      fc.property(fc.array(message, { maxLength: 6 }), fc.string(), fc.array(fc.nat(200_000), { maxLength: 40 }), (messages, prompt, ids) => {
-        expect(promptCharCount({ messages }, "chat")).toBe(canonicalPromptText({ messages }, "chat").length);
-        const responses = { instructions: "be brief", input: messages };
-        expect(promptCharCount(responses, "responses")).toBe(canonicalPromptText(responses, "responses").length);
-        expect(promptCharCount({ prompt }, "completion")).toBe(canonicalPromptText({ prompt }, "completion").length);
-        expect(promptCharCount({ prompt: ids }, "completion")).toBe(canonicalPromptText({ prompt: ids }, "completion").length);
-      }),
-    );
   });
 });

@@ -51,6 +51,18 @@ describe("reading an engine's /metrics page", () => {
     expect(parseSample("x +Inf")?.value).toBe(Number.POSITIVE_INFINITY);
     expect(parseSample("x")).toBeNull();
   });
+
+  it("a backslash before any character keeps that character; no labels and empty labels alike; a broken line is none", () => {
+    expect(parseSample('x{path="C:\\\\tmp\\q"} 2')).toEqual({ name: "x", labels: { path: "C:\\tmpq" }, value: 2 });
+    expect(parseSample("x{} 3")).toEqual({ name: "x", labels: {}, value: 3 });
+    expect(parseSample('x{a="1"}4')).toEqual({ name: "x", labels: { a: "1" }, value: 4 });
+    expect(parseSample("x NaN")?.value).toBeNaN();
+    expect(parseSample("x -Inf")?.value).toBe(Number.NEGATIVE_INFINITY);
+    expect(parseSample("x abc")).toBeNull();
+    expect(parseSample('x{a="1} 5')).toBeNull();
+    expect(parseSample(`x{a="${"\\".repeat(50_000)}`)).toBeNull();
+    expect(parseSample(`x{${'a="b",'.repeat(20_000)} 1`)).toBeNull();
+  });
 });
 
 describe("the projection between polls", () => {

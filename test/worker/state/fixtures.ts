@@ -42,6 +42,9 @@ export function clusterView(nodes: ViewNode[], fields: Partial<ClusterView> = {}
       loadFactor: 1.25,
       loadSlack: 0,
       cacheAware: { blockChars: 512, loadFactor: 3, shareFactor: 1.1, shareHalfLife: 1000, maxBlocksPerRequest: 128 },
+      // SPEC 8 defaults (the schema fills them in)
+      localPrefillTokens: 2048,
+      localPrefillRatio: 0.7,
       ...policy,
     },
     health: HEALTH,
