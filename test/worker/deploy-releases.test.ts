@@ -46,7 +46,8 @@ describe("7. releases through the Worker, against the strict simulator", () => {
     await putCluster({
       protocol: "vllm",
       policy: rr,
-      timeouts: { decodeFirstByteMs: 300 },
+      // room for the healthy d1 on a busy machine; d0's silence and hang outlast it
+      timeouts: { decodeFirstByteMs: 1500 },
       nodes: [
         { id: "p0", role: "prefill" },
         { id: "d0", role: "decode" },
@@ -89,7 +90,7 @@ describe("7. releases through the Worker, against the strict simulator", () => {
   });
 
   it("D sent its stream's headers, then nothing before decodeFirstByteMs: no release — D's engine had it", async () => {
-    await fault("d0", { mode: "silent", delayMs: 2000, count: 1 });
+    await fault("d0", { mode: "silent", delayMs: 6000, count: 1 });
     await twoRequests(true);
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });

@@ -4,7 +4,7 @@ import { chat, control, expectNoLoad, fault, post, putCluster, received, resetCl
 import { waitFor } from "./engines-helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
-const health = { ejectAfter: 3, ejectBaseMs: 300, ejectMaxMs: 2000, intervalMs: 60000, probeTimeoutMs: 300, downAfter: 2, upAfter: 2 };
+const health = { ejectAfter: 3, ejectBaseMs: 300, ejectMaxMs: 2000, intervalMs: 60000, probeTimeoutMs: 1000, downAfter: 2, upAfter: 2 };
 const twoByTwo = (extra: Record<string, unknown> = {}) => ({
   protocol: "vllm",
   policy: rr,
