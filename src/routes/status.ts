@@ -64,6 +64,8 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
       history: snapshot.history,
       admission: { queued: snapshot.admission.queued, rejected: snapshot.admission.rejected },
       decisions: snapshot.decisions,
+      // where each request was prefilled and why (x-pd-mode, its reason): the page lists those seen
+      disagg: snapshot.disagg,
       requests: snapshot.requests,
       prefix: snapshot.prefix,
       // cumulative histograms (seconds): the page derives p50/p99 over its own recent window

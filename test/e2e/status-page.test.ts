@@ -117,6 +117,10 @@ describe("status page in a browser", () => {
     ]);
     const mix = await page.locator("#mix").textContent();
     expect(mix).toContain("round_robin");
+    // where the requests were prefilled (x-pd-mode and reason): all four disaggregated, as the document says
+    const modes = await page.locator("#modes tr").evaluateAll((trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
+    expect(modes.map((r) => r.slice(0, 2))).toEqual([["disaggregated", "always"]]);
+    expect(Number(modes[0]![2])).toBeGreaterThanOrEqual(4);
     // the token lives in this tab's session storage, never in the URL
     expect(page.url()).not.toContain(ADMIN_TOKEN);
 

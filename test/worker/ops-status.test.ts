@@ -1,7 +1,7 @@
 import { env } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import { app } from "../../src/app";
-import { putCluster } from "./helpers";
+import { chat, putCluster } from "./helpers";
 import { ADMIN, admin, bearer, call, KEY } from "./ops-helpers";
 
 describe("status page", () => {
@@ -50,6 +50,18 @@ describe("status page", () => {
       ["d0", ["decode"], null, true, "closed"],
     ]);
     expect(Array.isArray(body.decisions)).toBe(true);
+    // the page's "where requests were prefilled" table: the (mode, reason) pairs routed so far
+    const routed = await call("/v1/chat/completions", {
+      method: "POST",
+      headers: { ...bearer(KEY), "content-type": "application/json" },
+      body: JSON.stringify(chat("status mix")),
+    });
+    expect(routed.status).toBe(200);
+    await routed.arrayBuffer();
+    const after = (await (await admin("/status.json")).json()) as any;
+    const always = after.disagg.find((d: any) => d.mode === "disaggregated" && d.reason === "always");
+    expect(always?.count).toBeGreaterThanOrEqual(1);
+    expect(after.disagg.every((d: any) => d.mode === "disaggregated")).toBe(true);
     // node URLs stay internal: the page does not need them
     expect(JSON.stringify(body)).not.toContain("127.0.0.1");
   });
