@@ -24,21 +24,23 @@ beforeEach(async () => {
 
 describe("every decode node busy", () => {
   it("requests wait, are admitted in arrival order as capacity frees, and say how long they waited", async () => {
-    // d1 busy; d0 just under kvBusy with a cache of 200 tokens: one request (~30 tokens) fills it
+    // d1 busy; d0 busy until its next poll
     await setMetrics("d1", kv(0.97));
     await setMetrics("d0", kv(0.95));
     await putNodes(PD);
     await poll();
     const answers: Array<Promise<Response>> = [];
     for (const name of ["first", "second", "third"]) {
-      answers.push(post("/v1/chat/completions", chatBody(name), { headers: { "content-type": "application/json", "x-request-id": `adm-${name}` } }));
+      // ~130 characters of prompt: ~34 tokens at the default 4 characters a token, 0.17 of d0's 200
+      const body = chatBody(`${name} ${"x".repeat(120)}`);
+      answers.push(post("/v1/chat/completions", body, { headers: { "content-type": "application/json", "x-request-id": `adm-${name}` } }));
       await waitFor(`${name} queued`, queued, (n) => n === answers.length);
     }
     expect(await decodeLegs("d0")).toHaveLength(0);
     expect((await snapshot()).leases).toBe(0);
 
-    // d0's next poll shows room for one request at a time (0.7 of 200 tokens: one request of
-    // ~30 tokens fits under kvBusy, two do not): each release admits the next
+    // d0's next poll shows room for one request at a time (0.7 of 200 tokens: 0.7 + 0.17 is under
+    // kvBusy, 0.7 + 2 x 0.17 is not): each release admits the next, so d0 sees them in order
     await setMetrics("d0", kv(0.7, { capacityTokens: 200 }));
     await poll();
     const done = await Promise.all(answers);
