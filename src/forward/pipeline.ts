@@ -53,13 +53,15 @@ export const wasReported = (f: UpstreamFailure) => reported.has(f);
  * there is nothing left to try.
  */
 export async function failOver(ctx: ForwardContext, failure: UpstreamFailure, attempt: number): Promise<void> {
+  // the node's own retry-after, before the client's replaces it below
+  const report = failure.report();
   if (failure.outcome === "busy") {
     // the client's retry-after, should every node be busy: the soonest any of them named
-    ctx.busyRetryAfterMs = Math.min(ctx.busyRetryAfterMs ?? Number.POSITIVE_INFINITY, failure.retryAfterMs ?? Number.POSITIVE_INFINITY);
+    ctx.busyRetryAfterMs = Math.min(ctx.busyRetryAfterMs ?? Infinity, failure.retryAfterMs ?? Infinity);
     failure.retryAfterMs = Number.isFinite(ctx.busyRetryAfterMs) ? ctx.busyRetryAfterMs : null;
   }
   if (!failure.retryable || ctx.life.isEnded) throw failure;
-  const next = await ctx.life.failover(failure.leg, failure.report(), attempt < ctx.retries);
+  const next = await ctx.life.failover(failure.leg, report, attempt < ctx.retries);
   markReported(failure);
   if (next === null || attempt >= ctx.retries) throw failure;
   await ctx.sleep(backoffMs(attempt));

@@ -110,8 +110,9 @@ export class UpstreamFailure extends Error {
     return this.outcome === "failure" || this.outcome === "busy";
   }
 
+  /** busy: with the node's retry-after, which the object honours (state/health.ts onBusy) */
   report(ms?: number): LegReport {
-    return ms === undefined ? { node: this.node, outcome: this.outcome } : { node: this.node, outcome: this.outcome, ms };
+    return { node: this.node, outcome: this.outcome, ms, retryAfterMs: this.retryAfterMs };
   }
 }
 

@@ -587,12 +587,13 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     // every decode node that could serve it is busy: the request would wait at the edge (SPEC 8)
     admission: routed.wouldWait ? { wait: true, queued: routed.wouldWait.queued } : { wait: false },
     // health, breaker, failures, in-flight load and engine signals of every node, as the Durable Object sees them
-    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, failureStreak, failuresTotal, inflight, drain, signals }) => ({
+    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, busyUntil, failureStreak, failuresTotal, inflight, drain, signals }) => ({
       id,
       healthy,
       probeUp,
       breaker,
       ejectedUntil,
+      busyUntil,
       failureStreak,
       failuresTotal,
       inflight,

@@ -54,6 +54,7 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         failuresTotal: n.failuresTotal,
         // the page marks an ejection when this moves forward (a re-ejection between two polls too)
         ejectedUntil: n.ejectedUntil,
+        busyUntil: n.busyUntil,
         lastFailureAt: n.lastFailureAt,
         // the engine's last /metrics reading and the projection routing uses (null: never polled)
         signals: n.signals,

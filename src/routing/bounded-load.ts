@@ -10,7 +10,7 @@
  * A tiny epsilon keeps float noise (e.g. 3.0000000000000004) from adding a whole slot.
  */
 export function loadBound(weight: number, totalWeight: number, totalInFlight: number, loadFactor: number, slack = 0): number {
-  if (!(totalWeight > 0) || !(weight > 0)) return Number.POSITIVE_INFINITY;
+  if (!(totalWeight > 0) || !(weight > 0)) return Infinity;
   const exact = (loadFactor * (Math.max(0, totalInFlight) + 1) * weight) / totalWeight;
   return Math.max(1, Math.ceil(exact - 1e-9)) + Math.max(0, Math.floor(slack));
 }

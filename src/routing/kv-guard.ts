@@ -40,5 +40,5 @@ export function isBusyFor(n: Pick<CandidateNode, "signals">, guard: GuardSetting
 export function kvBarrier(n: Pick<CandidateNode, "signals">): number {
   const k = n.signals?.kvUsage;
   if (k === null || k === undefined || !(k > 0)) return 0;
-  return k >= 1 ? Number.POSITIVE_INFINITY : k / (1 - k);
+  return k >= 1 ? Infinity : k / (1 - k);
 }

@@ -13,7 +13,7 @@ export const BLOCK_HASH_HEX = 16;
  * characters, hash_{-1} = "". Equal hash_i means equal text up to the end of block i, which is what
  * a prefix cache holds. At most `maxBlocks` blocks.
  */
-export async function prefixBlockHashes(text: string, blockChars: number, maxBlocks = Number.POSITIVE_INFINITY): Promise<string[]> {
+export async function prefixBlockHashes(text: string, blockChars: number, maxBlocks = Infinity): Promise<string[]> {
   if (!(blockChars >= 1)) return [];
   const size = Math.floor(blockChars);
   const count = Math.min(Math.floor(text.length / size), maxBlocks);

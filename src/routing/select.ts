@@ -310,8 +310,8 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   const inScope = (n: CandidateNode): boolean => group === undefined || n.group === group;
   const scope = nodes.filter(inScope);
   const guard = pool.guard;
-  // busy for this request: a decode node this request's prompt would take to kvBusy is busy too
-  const busy = (n: CandidateNode): boolean => guard !== null && isBusyFor(n, guard, promptTokensOf(pool.promptChars, n.charsPerToken));
+  // busy for this request: inside the window a 503/429 asked for, or (decode) a node this request's prompt would take to kvBusy
+  const busy = (n: CandidateNode): boolean => n.busy === true || (guard !== null && isBusyFor(n, guard, promptTokensOf(pool.promptChars, n.charsPerToken)));
   /** may take new work: available and not busy */
   const open = (n: CandidateNode): boolean => isAvailable(n) && !busy(n);
   const eligible = (n: CandidateNode): boolean => open(n) && inScope(n);
@@ -403,8 +403,9 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
     return failOpen();
   }
   const free = ready.filter((n) => !busy(n));
-  if (free.length === 0) {
+  if (free.length === 0 && guard !== null) {
     // Every node that could serve is busy: the request waits at the edge (admission queue).
+    // Without a queue (prefill, one hop) the busy ones are taken, least loaded first.
     const order = policyOrder(pool, policy, nodes, inScope, byRendezvous, loadOf, shareOf);
     return { kind: "busy", candidates: finish(order, null, policy, false).decision.candidates };
   }
@@ -415,7 +416,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   if (chosen === undefined) {
     // Every candidate is at its bound: possible only inside one group (strict) or with
     // loadFactor < 1. Take the least loaded rather than refuse.
-    chosen = [...free].sort((a, b) => loadOf(a) / weightOf(a) - loadOf(b) / weightOf(b))[0] as CandidateNode;
+    chosen = [...(free[0] ? free : ready)].sort((a, b) => loadOf(a) / weightOf(a) - loadOf(b) / weightOf(b))[0] as CandidateNode;
     if (policy === "affinity") rule = "affinity_bounded_skip";
   } else if (policy === "affinity") {
     const before = order.nodes.slice(0, order.nodes.indexOf(chosen));
@@ -459,6 +460,7 @@ function rankRole(pool: Pool, group?: string): RankOutcome {
   function candidate(n: CandidateNode): ScoredCandidate {
     const c: ScoredCandidate = { id: n.id, load: n.load, healthy: n.healthy, drain: n.drain, group: n.group };
     if (guard !== null) withSignals(c, n, busy(n), barrier(n));
+    else if (n.busy) c.busy = true;
     if (n.work !== undefined) c.loadTokens = n.work;
     const effective = loadOf(n);
     if (Number.isFinite(effective)) c.effectiveLoad = round3(effective);

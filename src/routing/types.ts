@@ -63,6 +63,8 @@ export interface CandidateNode {
   healthy: boolean;
   /** draining: no new conversations, but sticky ones stay */
   drain: boolean;
+  /** the node answered 503/429 and the time it asked to be left alone has not passed: busy like the KV guard's */
+  busy?: boolean;
   /** epoch ms of the node's last failure, 0 if none (fail-open picks the least recent) */
   lastFailureAt: number;
   /** work recently routed to this node in this role (decayed tokens; cache_aware's share) */

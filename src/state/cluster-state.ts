@@ -271,11 +271,11 @@ export class ClusterState extends DurableObject {
     this.#armWake();
   }
 
-  /** One timer for the next thing that needs the object without a call: a queue deadline, a reservation's end. */
+  /** One timer for the next thing that needs the object without a call: a queue deadline, a reservation's end, a busy window's end. */
   #armWake(): void {
     clearTimeout(this.#wakeTimer);
     const at = this.#admission.nextWake();
-    if (at !== null) this.#wakeTimer = setTimeout(() => this.#admitWaiting(), Math.max(0, at - Date.now()) + 5);
+    if (at !== null) this.#wakeTimer = setTimeout(() => this.#admitWaiting(), Math.max(0, Math.min(at, this.health.busyEnd(Date.now())) - Date.now()) + 5);
   }
 
   #syncCluster(view: ClusterView): void {

@@ -1,3 +1,4 @@
+import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../forward/upstream";
 import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type HealthSettings, type NodeHealth } from "./health";
 import type { LegReport } from "./types";
 
@@ -26,13 +27,23 @@ export class NodeHealthTable {
     if (h) onPicked(h, now);
   }
 
-  /** A leg on the node ended: a success or a client error closes its breaker, a failure counts, anything else frees a trial. */
+  /** A leg on the node ended: a success or a client error closes its breaker, a failure counts, busy opens its window, anything else frees a trial. */
   report(report: LegReport, now: number, s: HealthSettings | undefined): void {
     const h = this.#byNode.get(report.node);
     if (!h || !s) return;
     if (report.outcome === "ok" || report.outcome === "client_error") onSuccess(h);
     else if (report.outcome === "failure") onFailure(h, now, s);
-    else onInconclusive(h);
+    else {
+      onInconclusive(h);
+      if (report.outcome === "busy") h.busyUntil = now + Math.min(BUSY_RETRY_MAX_MS, report.retryAfterMs ?? BUSY_RETRY_DEFAULT_MS);
+    }
+  }
+
+  /** When the earliest busy window still open ends (Infinity: none): a request waiting for it may go then. */
+  busyEnd(now: number): number {
+    let at = Infinity;
+    for (const h of this.#byNode.values()) if (h.busyUntil > now && h.busyUntil < at) at = h.busyUntil;
+    return at;
   }
 
   /** A probe of the node answered (`ok`) or not; true when it brought the node back up after its probes failed. */

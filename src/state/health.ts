@@ -58,6 +58,8 @@ export interface NodeHealth {
   ejections: number;
   /** ejected until this epoch ms; 0 when not ejected */
   ejectedUntil: number;
+  /** answered 503/429 (full, not broken): left alone until this epoch ms; 0 when never */
+  busyUntil: number;
   /** a half-open trial request is out: nobody else may pick the node until it reports */
   trialInFlight: boolean;
   lastFailureAt: number;
@@ -71,6 +73,7 @@ export const freshHealth = (): NodeHealth => ({
   failureStreak: 0,
   ejections: 0,
   ejectedUntil: 0,
+  busyUntil: 0,
   trialInFlight: false,
   lastFailureAt: 0,
   failuresTotal: 0,

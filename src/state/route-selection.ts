@@ -95,6 +95,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
     charsPerToken: m.prefixes.rates.of(n.id),
     localPrefill: n.localPrefill === true,
     healthy: isHealthy(h, now),
+    busy: h.busyUntil > now,
     drain: n.drain,
     lastFailureAt: h.lastFailureAt,
     recent: m.recent.of(n.id, role),

@@ -60,6 +60,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     probeUp: h.probeUp,
     breaker: breakerState(h, now),
     ejectedUntil: h.ejectedUntil,
+    busyUntil: h.busyUntil > now ? h.busyUntil : null,
     failureStreak: h.failureStreak,
     failuresTotal: h.failuresTotal,
     lastFailureAt: h.lastFailureAt,

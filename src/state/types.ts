@@ -85,6 +85,8 @@ export interface LegReport {
   outcome: LegOutcome;
   /** leg latency in ms (prefill: until P answered; decode: until D's first byte) */
   ms?: number;
+  /** busy: how long the node asked to be left alone (its retry-after; absent or null: 1 s) */
+  retryAfterMs?: number | null;
 }
 
 export interface FinishReport {
@@ -121,6 +123,8 @@ export interface NodeStatus {
   probeUp: boolean;
   breaker: BreakerState;
   ejectedUntil: number;
+  /** until when the node asked to be left alone (a 503/429's retry-after; epoch ms), null when it did not or that time passed */
+  busyUntil: number | null;
   failureStreak: number;
   failuresTotal: number;
   lastFailureAt: number;

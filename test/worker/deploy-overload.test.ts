@@ -32,8 +32,9 @@ describe("6. a busy node is skipped, not ejected", () => {
         { id: "d1", role: "decode" },
       ],
     });
-    await fault("d0", busy("2"));
+    // retry-after 0: no window to honour (deploy-busy-window.test.ts), so d0 is asked again each time;
     // more than ejectAfter (3) busy answers in a row
+    await fault("d0", busy("0"));
     for (let i = 0; i < 8; i++) {
       const res = await post("/v1/chat/completions", chat(`spike ${i}`));
       expect(res.status).toBe(200);
