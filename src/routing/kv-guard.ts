@@ -27,9 +27,12 @@ export function isBusyFor(n: Pick<CandidateNode, "signals">, guard: GuardSetting
   return share < guard.kvBusy && s.kvUsage + share >= guard.kvBusy;
 }
 
+/** KV use below which a node counts as under no memory pressure at all (k / (1 - k) < 0.053 requests). */
+export const KV_QUIET = 0.05;
+
 /**
- * KV use as extra in-flight requests: k / (1 - k). 0 at an empty cache, 1 at half full, 4 at 0.8,
- * 9 at 0.9, without bound as k nears 1. The barrier is added to the node's in-flight count wherever
+ * KV use as extra in-flight requests: k / (1 - k) from KV_QUIET up. 0 at an empty cache, 1 at half
+ * full, 4 at 0.8, 9 at 0.9, without bound as k nears 1. The barrier is added to the node's in-flight count wherever
  * a policy weighs load — bounded load's check and totals (affinity, cache_aware, the sticky check)
  * and least_load's order — so each policy keeps its meaning: affinity and cache_aware still take
  * their node until its load plus the barrier reaches its bound, and the bounds, computed over the
@@ -39,6 +42,9 @@ export function isBusyFor(n: Pick<CandidateNode, "signals">, guard: GuardSetting
  */
 export function kvBarrier(n: Pick<CandidateNode, "signals">): number {
   const k = n.signals?.kvUsage;
-  if (k === null || k === undefined || !(k > 0)) return 0;
+  // below KV_QUIET (a barrier under 0.053 of a request) it is 0: a difference that small must not
+  // order nodes whose in-flight load is equal, or an idle cluster leaves its pdGroup because a poll
+  // caught one D mid-request (SPEC 5: an idle cluster stays in its group)
+  if (k === null || k === undefined || !(k >= KV_QUIET)) return 0;
   return k >= 1 ? Infinity : k / (1 - k);
 }

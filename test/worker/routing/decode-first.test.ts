@@ -161,6 +161,9 @@ describe("balancing work (issue 17 item 4)", () => {
     // an idle cluster (engines report no KV in use) stays in the group, as SPEC 5 has it
     const idle = decode.map((n) => (n.id === "da" ? { ...n, signals: { kvUsage: 0, queue: 0, ageMs: 10 } } : n));
     expect(decided(selectRoute({ ...route, decode: idle })).decode.id).toBe("da");
+    // and so does one whose in-group D's last poll caught a request mid-flight (a quiet 0.001)
+    const caught = decode.map((n) => (n.id === "da" ? { ...n, signals: { kvUsage: 0.001, queue: 0, ageMs: 10 } } : n));
+    expect(decided(selectRoute({ ...route, decode: caught })).decode.id).toBe("da");
     // a little KV in use (0.1: 0.11 requests) against a best D holding one request: within the bonus
     const calm = [node("da", { group: "A", signals: { kvUsage: 0.1, queue: 0, ageMs: 10 } }), node("db", { group: "B", load: 1, work: 500 })];
     expect(decided(selectRoute({ ...route, decode: calm })).decode.id).toBe("da");

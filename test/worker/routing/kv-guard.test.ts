@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { isBusy, kvBarrier } from "../../../src/routing/kv-guard";
+import { isBusy, KV_QUIET, kvBarrier } from "../../../src/routing/kv-guard";
 import { selectRoute } from "../../../src/routing/select";
 import type { CandidateNode, GuardSettings, PdGroupMode, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection } from "./fixtures";
@@ -54,6 +54,10 @@ describe("busy", () => {
   it("the barrier is k/(1-k): 0 empty, 1 half full, 9 at 0.9, unbounded at full", () => {
     expect(kvBarrier(node("d"))).toBe(0);
     expect(kvBarrier(node("d", { signals: signals(0.5) }))).toBeCloseTo(1);
+    // a quiet node (below KV_QUIET) carries none: readings that caught a request mid-flight do not order idle nodes
+    expect(kvBarrier(node("d", { signals: signals(0.001) }))).toBe(0);
+    expect(kvBarrier(node("d", { signals: signals(KV_QUIET - 1e-9) }))).toBe(0);
+    expect(kvBarrier(node("d", { signals: signals(KV_QUIET) }))).toBeCloseTo(KV_QUIET / (1 - KV_QUIET));
     expect(kvBarrier(node("d", { signals: signals(0.9) }))).toBeCloseTo(9);
     expect(kvBarrier(node("d", { signals: signals(1) }))).toBe(Number.POSITIVE_INFINITY);
     fc.assert(
