@@ -66,6 +66,8 @@ async function trafficUntilBack(busyId: string, header: "x-pd-decode" | "x-pd-pr
   return inWindow;
 }
 
+// Windows of 5 s: long enough that the requests a test sends after the 503 reach the object
+// inside the window even on a slow, busy machine.
 describe("a node's retry-after is honoured", () => {
   beforeEach(async () => {
     await resetSim();
@@ -73,14 +75,14 @@ describe("a node's retry-after is honoured", () => {
   });
   afterEach(resetSim);
 
-  it("a D answering 503 with retry-after 2 once: no request reaches it until the window ends, then it gets traffic again", async () => {
+  it("a D answering 503 with retry-after 5 once: no request reaches it until the window ends, then it gets traffic again", async () => {
     await putCluster({ protocol: "vllm", policy: rr, nodes: PD2 });
-    await fault("d0", busy("2"));
+    await fault("d0", busy("5"));
     await untilReached("d0");
     expect(await calls("d0")).toBe(1);
     const d0 = await node("d0");
     // the window is what the engine asked for, counted from when the object heard of it
-    expect(d0.busyUntil! - (await snapshot()).now).toBeLessThanOrEqual(2000);
+    expect(d0.busyUntil! - (await snapshot()).now).toBeLessThanOrEqual(5000);
     expect(await trafficUntilBack("d0", "x-pd-decode", "d1")).toBeGreaterThan(0);
     expect(await calls("d0")).toBe(2);
     const after = await node("d0");
@@ -90,9 +92,9 @@ describe("a node's retry-after is honoured", () => {
     await expectNoLoad();
   });
 
-  it("a P answering 429 with retry-after 2 once: the other P prefills until the window ends, then it is used again", async () => {
+  it("a P answering 429 with retry-after 5 once: the other P prefills until the window ends, then it is used again", async () => {
     await putCluster({ protocol: "vllm", policy: rr, nodes: P2D });
-    await fault("p0", busy("2", 429));
+    await fault("p0", busy("5", 429));
     await untilReached("p0");
     expect(await calls("p0")).toBe(1);
     expect(await trafficUntilBack("p0", "x-pd-prefill", "p1")).toBeGreaterThan(0);
@@ -111,8 +113,8 @@ describe("a node's retry-after is honoured", () => {
       signals: { intervalMs: 600_000, staleMs: 1_200_000 },
       admission: { queueMs: 15_000 },
     });
-    await fault("d0", busy("2"));
-    await fault("d1", busy("2"));
+    await fault("d0", busy("5"));
+    await fault("d1", busy("5"));
     const refused = await post("/v1/chat/completions", chat("both full"));
     expect(refused.status).toBe(503);
     expect(((await refused.json()) as any).error.code).toBe("upstream_busy");
