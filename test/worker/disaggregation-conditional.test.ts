@@ -5,6 +5,7 @@
 import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { control, fault, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
+import { waitFor as pollUntil } from "./engines-helpers";
 import { LOST_AFTER_MISSES } from "../../src/state/cache-feedback";
 
 const P = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "prefill", ...extra });
@@ -64,16 +65,8 @@ async function nodeFeedback(id: string) {
   return snap.nodes.find((n) => n.id === id)!.prefix;
 }
 
-async function waitFor<T>(read: () => Promise<T>, ok: (v: T) => boolean, what: string, ms = 5000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let last = await read();
-  while (!ok(last)) {
-    if (Date.now() > deadline) throw new Error(`${what}: not reached in ${ms} ms; last ${JSON.stringify(last)}`);
-    await new Promise((r) => setTimeout(r, 25));
-    last = await read();
-  }
-  return last;
-}
+/** The shared poller (engines-helpers), with this file's 5 s deadline and its (read, ok, what) order. */
+const waitFor = <T>(read: () => Promise<T>, ok: (v: T) => boolean, what: string): Promise<T> => pollUntil(read, ok, 5000, what);
 
 const conditional = (nodes: NodeSpec[], policy: Record<string, unknown> = {}, extra: Record<string, unknown> = {}) =>
   putCluster({ protocol: "vllm", policy: { prefill: "affinity", decode: "affinity", disaggregation: "conditional", ...policy }, nodes, ...extra });
