@@ -44,6 +44,19 @@ export function compareRatio(what, publishedA, publishedB, oursA, oursB, toleran
   return { what, published: round2(published), ours: round2(ours), sameDirection, within };
 }
 
+/**
+ * The published comparisons we can make: for each [a, b, figure, what], the ratio a / b of that
+ * figure published and ours, when both configurations ran and the seed published both figures.
+ * @param {Record<string, Record<string, any>>} ours results by configuration
+ * @param {Record<string, Record<string, number>>} published the seed's figures by configuration
+ * @param {Array<[string, string, string, string]>} pairs
+ */
+export function comparePairs(ours, published, pairs) {
+  return pairs
+    .filter(([a, b, k]) => ours[a] && ours[b] && published[a]?.[k] !== undefined && published[b]?.[k] !== undefined)
+    .map(([a, b, k, what]) => compareRatio(what, published[a][k], published[b][k], ours[a][k], ours[b][k]));
+}
+
 /** @param {number} x */
 function round2(x) {
   return Number.isFinite(x) ? Math.round(x * 100) / 100 : x;

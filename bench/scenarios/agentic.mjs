@@ -31,7 +31,7 @@ import { AGENTIC_SEED, agenticProfile, agenticTrace } from '../lib/agentic-trace
 import { onShutdown, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
-import { SEED002, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
+import { SEED002, comparePairs, comparisonsTable } from '../lib/seeds.mjs';
 import { routerMetrics, sumBy, total } from '../lib/prometheus.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { promptOfTraceRequest } from '../lib/trace.mjs';
@@ -423,20 +423,15 @@ export function ttftBreakdown(ok, answered, prefilled, edge) {
 /** Ours against the published ratios (seed 002). @param {Record<string, any>[]} results */
 export function agenticComparisons(results) {
   const by = Object.fromEntries(results.map((r) => [r.name, r]));
-  const pub = /** @type {Record<string, Record<string, number>>} */ (SEED002.configs);
-  /** @type {ReturnType<typeof compareRatio>[]} */
-  const out = [];
-  const pair = (/** @type {string} */ a, /** @type {string} */ b, /** @type {string} */ k, /** @type {string} */ what) => {
-    if (by[a] && by[b] && pub[a]?.[k] !== undefined && pub[b]?.[k] !== undefined) out.push(compareRatio(what, pub[a][k], pub[b][k], by[a][k], by[b][k]));
-  };
-  pair('colocated-8/round_robin', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: colocated round-robin / cache-aware');
-  pair('pd-4p4d/cache_aware', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 4P+4D / colocated cache-aware');
-  pair('pd-6p2d/cache_aware', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 6P+2D / colocated cache-aware');
-  pair('pd-6p2d/cache_aware', 'pd-4p4d/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 6P+2D / PD 4P+4D');
-  pair('colocated-8/round_robin', 'colocated-8/cache_aware', 'tpotP90Ms', 'TPOT p90: colocated round-robin / cache-aware');
-  pair('colocated-8/cache_aware', 'colocated-8/round_robin', 'hitRatio', 'APC: colocated cache-aware / round-robin');
-  pair('colocated-8/cache_aware', 'pd-4p4d/cache_aware', 'hitRatio', 'APC: colocated cache-aware / PD 4P+4D');
-  return out;
+  return comparePairs(by, /** @type {Record<string, Record<string, number>>} */ (SEED002.configs), [
+    ['colocated-8/round_robin', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: colocated round-robin / cache-aware'],
+    ['pd-4p4d/cache_aware', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 4P+4D / colocated cache-aware'],
+    ['pd-6p2d/cache_aware', 'colocated-8/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 6P+2D / colocated cache-aware'],
+    ['pd-6p2d/cache_aware', 'pd-4p4d/cache_aware', 'ttftP50Ms', 'TTFT p50: PD 6P+2D / PD 4P+4D'],
+    ['colocated-8/round_robin', 'colocated-8/cache_aware', 'tpotP90Ms', 'TPOT p90: colocated round-robin / cache-aware'],
+    ['colocated-8/cache_aware', 'colocated-8/round_robin', 'hitRatio', 'APC: colocated cache-aware / round-robin'],
+    ['colocated-8/cache_aware', 'pd-4p4d/cache_aware', 'hitRatio', 'APC: colocated cache-aware / PD 4P+4D'],
+  ]);
 }
 
 /** @param {ReturnType<typeof agenticProfile>} p */

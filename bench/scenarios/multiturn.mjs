@@ -14,7 +14,7 @@ import { engineOverrides, listOption, numberOption } from '../lib/args.mjs';
 import { startStack } from '../lib/harness.mjs';
 import { postJsonRetrying, createAgent } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
-import { SEED000, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
+import { SEED000, comparePairs, compareRatio, comparisonsTable } from '../lib/seeds.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { seededText } from '../lib/text.mjs';
 
@@ -307,21 +307,17 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
 /** Ours against the published ratios (seed 000). @param {Record<string, any>[]} results */
 export function multiturnComparisons(results) {
   const by = Object.fromEntries(results.map((r) => [r.config, r]));
-  const pub = SEED000.configs;
   /** @type {ReturnType<typeof compareRatio>[]} */
-  const out = [];
-  const pair = (/** @type {string} */ a, /** @type {string} */ b, /** @type {'itlP99Ms' | 'tpotP99Ms' | 'outTokPerS'} */ k, /** @type {string} */ what) => {
-    if (by[a] && by[b] && /** @type {any} */ (pub)[a]?.[k] !== undefined && /** @type {any} */ (pub)[b]?.[k] !== undefined)
-      out.push(compareRatio(what, /** @type {any} */ (pub)[a][k], /** @type {any} */ (pub)[b][k], by[a][k], by[b][k]));
-  };
-  pair('round_robin', 'pd_affinity', 'itlP99Ms', 'ITL p99: round-robin / P+D affinity');
-  pair('p_affinity', 'pd_affinity', 'itlP99Ms', 'ITL p99: P affinity / P+D affinity');
-  pair('round_robin', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: round-robin / P+D affinity');
-  pair('p_affinity', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: P affinity / P+D affinity');
-  pair('pd_affinity', 'round_robin', 'outTokPerS', 'out tok/s: P+D affinity / round-robin');
-  pair('pd_affinity', 'p_affinity', 'outTokPerS', 'out tok/s: P+D affinity / P affinity');
-  pair('pd_affinity', 'isolation_1p1d', 'itlP99Ms', 'ITL p99: P+D affinity / 1P+1D baseline');
-  pair('pd_affinity', 'isolation_1p1d', 'outTokPerS', 'out tok/s: P+D affinity (2P+2D) / 1P+1D baseline');
+  const out = comparePairs(by, /** @type {any} */ (SEED000.configs), [
+    ['round_robin', 'pd_affinity', 'itlP99Ms', 'ITL p99: round-robin / P+D affinity'],
+    ['p_affinity', 'pd_affinity', 'itlP99Ms', 'ITL p99: P affinity / P+D affinity'],
+    ['round_robin', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: round-robin / P+D affinity'],
+    ['p_affinity', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: P affinity / P+D affinity'],
+    ['pd_affinity', 'round_robin', 'outTokPerS', 'out tok/s: P+D affinity / round-robin'],
+    ['pd_affinity', 'p_affinity', 'outTokPerS', 'out tok/s: P+D affinity / P affinity'],
+    ['pd_affinity', 'isolation_1p1d', 'itlP99Ms', 'ITL p99: P+D affinity / 1P+1D baseline'],
+    ['pd_affinity', 'isolation_1p1d', 'outTokPerS', 'out tok/s: P+D affinity (2P+2D) / 1P+1D baseline'],
+  ]);
   const counts = SEED000.counts;
   if (by.round_robin && by.pd_affinity) {
     out.push(
