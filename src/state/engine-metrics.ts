@@ -4,7 +4,7 @@
 //   waiting       vllm:num_requests_waiting | sglang:num_queue_reqs
 //   running       vllm:num_requests_running | sglang:num_running_reqs
 //   KV capacity   vllm:cache_config_info{block_size,num_gpu_blocks} | sglang:max_total_num_tokens
-// SGLang <= 0.5.3 names them `sglang:`, >= 0.5.4 `sglang_`: both are read. The names of the two
+// SGLang servers name them `sglang:`; `sglang_` (aggregation or Prometheus escaping) is read too. The names of the two
 // engines never collide, so every name is looked for whatever the protocol (colocated may be either).
 // vLLM: vllm/v1/metrics/loggers.py (PrometheusStatLogger); SGLang: python/sglang/srt/metrics/collector.py.
 
@@ -37,23 +37,64 @@ const NAMES: Record<string, Signal> = {
 /** The signal a series name carries, if any; SGLang >= 0.5.4's `sglang_` names read as `sglang:`. */
 const signalOf = (name: string): Signal | undefined => NAMES[name.replace(/^sglang_/, "sglang:")];
 
+/** A line longer than this is no engine's sample (vLLM's widest, `cache_config_info`, is ~1 KB): skipped unread. */
+export const MAX_LINE_CHARS = 16_384;
+
+const isLabelNameChar = (c: number) => (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c === 95;
+const isSpace = (c: number) => c === 32 || c === 9;
+
 /**
  * One sample line, `name{labels} value [timestamp]` (labels optional), as the exposition format
  * writes it: label values quoted, with `\\`, `\"` and `\n` escaped (so a quoted `}` or `,` is
- * text). Each alternative starts with a different character: no ambiguity a long line could make slow.
+ * text). One pass over the line, each character read once: a hostile exporter's long line costs its
+ * length, never its square (issue 25: a regular expression's backtracking took 13.7 s on 100 KB).
+ * Labels are kept only when `withLabels` (the one series whose figures are labels). Null when the
+ * line is not a sample.
  */
-const SAMPLE = /^([^{\s]+)(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}\s*|\s+)(\S+)/;
-const LABEL = /(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"/g;
-
-/** One sample line; null when the line is not one. */
-export function parseSample(line: string): { name: string; labels: Record<string, string>; value: number } | null {
-  const m = SAMPLE.exec(line);
-  if (!m) return null;
+export function parseSample(line: string, withLabels = true): { name: string; labels: Record<string, string>; value: number } | null {
+  const n = line.length;
+  let i = 0;
+  while (i < n && line[i] !== "{" && !isSpace(line.charCodeAt(i))) i++;
+  if (i === 0) return null;
+  const name = line.slice(0, i);
   const labels: Record<string, string> = {};
-  for (const [, key, raw] of (m[2] ?? "").matchAll(LABEL)) labels[key as string] = (raw as string).replace(/\\(.)/g, (_, c: string) => (c === "n" ? "\n" : c));
-  const text = m[3] as string;
-  const value = text === "+Inf" ? Infinity : text === "-Inf" ? -Infinity : Number(text);
-  return Number.isNaN(value) && text !== "NaN" ? null : { name: m[1] as string, labels, value };
+  if (line[i] === "{") {
+    i++;
+    for (;;) {
+      while (i < n && (isSpace(line.charCodeAt(i)) || line[i] === ",")) i++;
+      if (line[i] === "}") break;
+      const keyStart = i;
+      while (i < n && isLabelNameChar(line.charCodeAt(i))) i++;
+      const key = line.slice(keyStart, i);
+      while (i < n && isSpace(line.charCodeAt(i))) i++;
+      if (!key || line[i] !== "=") return null;
+      i++;
+      while (i < n && isSpace(line.charCodeAt(i))) i++;
+      if (line[i] !== '"') return null;
+      i++;
+      let value = "";
+      let from = i;
+      for (;;) {
+        if (i >= n) return null;
+        const c = line[i];
+        if (c === '"') break;
+        if (c === "\\") {
+          if (withLabels) value += line.slice(from, i) + (line[i + 1] === "n" ? "\n" : (line[i + 1] ?? ""));
+          i += 2;
+          from = i;
+        } else i++;
+      }
+      if (withLabels) labels[key] = value + line.slice(from, i);
+      i++;
+    }
+    i++;
+  } else if (i >= n) return null;
+  while (i < n && isSpace(line.charCodeAt(i))) i++;
+  const valueStart = i;
+  while (i < n && !isSpace(line.charCodeAt(i))) i++;
+  const text = line.slice(valueStart, i);
+  const value = text === "+Inf" ? Infinity : text === "-Inf" ? -Infinity : text ? Number(text) : Number.NaN;
+  return Number.isNaN(value) && text !== "NaN" ? null : { name, labels, value };
 }
 
 /**
@@ -67,10 +108,12 @@ export function readEngineMetrics(text: string): EngineReading | null {
   // a signal's entry exists once a sample of it was read
   const sums: Partial<Record<Signal, { total: number; n: number }>> = {};
   for (const raw of text.split("\n")) {
+    if (raw.length > MAX_LINE_CHARS) continue;
     const line = raw.trimStart();
     // only the series read are parsed (a page has a thousand other lines); a comment names none
     const signal = signalOf(line.slice(0, line.search(/[{\s]/)));
-    const sample = signal ? parseSample(line) : null;
+    // labels are read only where they are the figures
+    const sample = signal ? parseSample(line, signal === "cacheConfig") : null;
     if (!signal || !sample || !Number.isFinite(sample.value)) continue;
     let value = sample.value;
     if (signal === "cacheConfig") {

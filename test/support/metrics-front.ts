@@ -13,6 +13,8 @@ export type MetricsMode =
   /** the figures first, then `bytes` of more series (a page far larger than any engine's) */
   | { mode: "huge"; bytes: number; values?: EngineFigures }
   | { mode: "garbage" }
+  /** `lines` lines of a read series whose label block is `chars` word characters, then the figures (a hostile exporter) */
+  | { mode: "longLabels"; chars: number; lines: number; values?: EngineFigures }
   | { mode: "status"; status: number }
   /** no /metrics at all (404), as before an engine exposes one */
   | { mode: "none" };
@@ -67,6 +69,8 @@ export async function startMetricsFront(target = ""): Promise<MetricsFront> {
         return send(200, text(m.values));
       case "garbage":
         return send(200, "<html><body>\u0000\u00ff not prometheus {{{ vllm:kv_cache_usage_perc{ oops 0.99 \n".repeat(50));
+      case "longLabels":
+        return send(200, `vllm:num_requests_running{${"a".repeat(m.chars)}} 1\n`.repeat(m.lines) + text(m.values));
       case "status":
         return send(m.status, '{"error":"Unauthorized"}');
       case "slow": {

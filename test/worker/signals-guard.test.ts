@@ -149,6 +149,17 @@ describe("a node whose /metrics misbehaves is ignored safely", () => {
     expect(stats.metricsCut).toBeGreaterThanOrEqual(1);
   });
 
+  it("a page with 100 KB label blocks (any exporter on the port can write one): the poll ends at once and its figures are read", async () => {
+    // issue 25 item 2: a backtracking label parser took ~14 s a line, stalling every route call
+    // behind the object's one thread; three such lines outlast this test's timeout.
+    await setMetrics("d0", { mode: "longLabels", chars: 100_000, lines: 3, values: { kvUsage: 0.37, waiting: 2, running: 4 } });
+    await putNodes(PD);
+    await poll();
+    const d0 = (await snapshot()).nodes.find((n) => n.id === "d0")!;
+    expect(d0.signals).toMatchObject({ kvUsage: 0.37, waiting: 2, running: 4 });
+    expect(await decodeOf("after a hostile page")).not.toBeNull();
+  });
+
   it("a slow one: routing never waits for the poll, and the poll gives up at its timeout", async () => {
     await setMetrics("d0", { mode: "slow", delayMs: 30_000 });
     await putNodes(PD);

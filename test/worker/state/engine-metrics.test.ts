@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { parseSample, readEngineMetrics } from "../../../src/state/engine-metrics";
+import { MAX_LINE_CHARS, parseSample, readEngineMetrics } from "../../../src/state/engine-metrics";
 import { projectSignals } from "../../../src/state/engine-signals";
 import { sglangMetricsText, vllmMetricsText } from "../../support/engine-metrics-text";
 
@@ -78,5 +78,45 @@ describe("the projection between polls", () => {
     expect(projectSignals({ reading, sent: 5, sentTokens: 0, freed: 0, freedTokens: 0 }).queue).toBe(0);
     expect(projectSignals({ reading: { ...reading, waiting: 3 }, sent: 5, sentTokens: 0, freed: 2, freedTokens: 0 }).queue).toBe(6);
     expect(projectSignals({ reading: { ...reading, waiting: 3 }, sent: 0, sentTokens: 0, freed: 9, freedTokens: 0 }).queue).toBe(0);
+  });
+});
+
+describe("a hostile /metrics page costs its length, never its square (issue 25 item 2)", () => {
+  // Any exporter or sidecar on a node's /metrics port can write such a page; the Durable Object
+  // parses every node's page on its one thread, and an invocation over its CPU limit is reset.
+  const fastest = (f: () => void) => {
+    let best = Number.POSITIVE_INFINITY;
+    for (let k = 0; k < 3; k++) {
+      const t0 = performance.now();
+      f();
+      best = Math.min(best, performance.now() - t0);
+    }
+    return best;
+  };
+  const good = vllmMetricsText({ kvUsage: 0.27, waiting: 3, running: 5, capacityTokens: 16 * 1000 });
+
+  it("a 100 KB run of word characters in a read series' labels: under 50 ms, and the page's figures still read", () => {
+    const page = `vllm:num_requests_running{${"a".repeat(100_000)}} 7\n${good}`;
+    let r: ReturnType<typeof readEngineMetrics> = null;
+    expect(fastest(() => void (r = readEngineMetrics(page)))).toBeLessThan(50);
+    expect(r).toMatchObject({ kvUsage: 0.27, waiting: 3, running: 5 });
+  });
+
+  it("the same run within the line limit is parsed in one pass (the scanner, not only the skip)", () => {
+    const line = `vllm:cache_config_info{${"a".repeat(MAX_LINE_CHARS - 40)}} 1`;
+    expect(fastest(() => void parseSample(line))).toBeLessThan(50);
+    expect(parseSample(line)).toBeNull();
+    const quoted = `vllm:cache_config_info{x="${"b".repeat(MAX_LINE_CHARS - 120)}",block_size="16",num_gpu_blocks="10"} 1`;
+    expect(fastest(() => void parseSample(quoted))).toBeLessThan(50);
+    expect(readEngineMetrics(`${quoted}\nvllm:num_requests_waiting 2\n`)).toMatchObject({ waiting: 2, kvCapacityTokens: 160 });
+  });
+
+  it("a line over the limit is skipped, not parsed", () => {
+    const long = `vllm:num_requests_waiting{x="${"c".repeat(MAX_LINE_CHARS)}"} 9\nvllm:num_requests_waiting 2\n`;
+    expect(readEngineMetrics(long)?.waiting).toBe(2);
+  });
+
+  it("labels are kept only where asked for", () => {
+    expect(parseSample('x{a="1"} 2', false)).toEqual({ name: "x", labels: {}, value: 2 });
   });
 });
