@@ -9,13 +9,13 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { WebSocket } from 'undici';
 import { numberOption, parseArgs, stringOption } from './lib/args.mjs';
 import { bundleModules, formatTop, topSelfTime } from './lib/cpu-profile.mjs';
 import { freePort, onShutdown, policyFor, startSimCluster, workerSnapshot } from './lib/harness.mjs';
 import { createAgent, postJson, runPool } from './lib/http-client.mjs';
 import { cpuMeter } from './lib/proc.mjs';
 import { startWorkerd } from './lib/workerd.mjs';
+import { devtools } from '../scripts/devtools.mjs';
 
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const { options } = parseArgs(['profile', ...process.argv.slice(2)]);
@@ -27,35 +27,6 @@ const intervalUs = numberOption(options, 'interval-us', 100);
 const out = path.resolve(stringOption(options, 'out', path.join(REPO_ROOT, 'bench', 'out', 'profile.cpuprofile')));
 const src = stringOption(options, 'src');
 if (src) process.env.BENCH_SRC = src;
-
-/** The DevTools protocol over one websocket: send(method, params) -> result. @param {string} url */
-async function devtools(url) {
-  const ws = new WebSocket(url);
-  await new Promise((resolve, reject) => {
-    ws.addEventListener('open', resolve, { once: true });
-    ws.addEventListener('error', () => reject(new Error(`cannot open ${url}`)), { once: true });
-  });
-  let id = 0;
-  /** @type {Map<number, { resolve: (v: any) => void, reject: (e: Error) => void }>} */
-  const waiting = new Map();
-  ws.addEventListener('message', (event) => {
-    const msg = JSON.parse(String(event.data));
-    const w = msg.id !== undefined ? waiting.get(msg.id) : undefined;
-    if (!w) return;
-    waiting.delete(msg.id);
-    if (msg.error) w.reject(new Error(`${msg.error.message} (${msg.error.code})`));
-    else w.resolve(msg.result);
-  });
-  return {
-    /** @param {string} method @param {object} [params] @returns {Promise<any>} */
-    send(method, params = {}) {
-      const msgId = ++id;
-      ws.send(JSON.stringify({ id: msgId, method, params }));
-      return new Promise((resolve, reject) => waiting.set(msgId, { resolve, reject }));
-    },
-    close: () => ws.close(),
-  };
-}
 
 const cluster = await startSimCluster({
   engines: [

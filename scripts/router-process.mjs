@@ -49,7 +49,11 @@ export async function startRouter(options) {
     writeFileSync(documentFile, documentText);
     const varArgs = Object.entries(vars).map(([key, value]) => `${key}=${value}`);
     const rateLimitArgs = options.rateLimit ? ['--ratelimit', `${options.rateLimit.limit}/${options.rateLimit.period}`] : [];
-    command = { cmd: process.execPath, args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs, ...rateLimitArgs] };
+    const inspectorArgs = inspectorPort !== undefined ? ['--inspector-port', String(inspectorPort)] : [];
+    command = {
+      cmd: process.execPath,
+      args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs, ...rateLimitArgs, ...inspectorArgs],
+    };
   } else {
     const put = await run(
       WRANGLER.cmd,

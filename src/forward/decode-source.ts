@@ -99,10 +99,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
   let ended = false;
 
   /** The rest of D's answer is not wanted. */
-  const stopLeg = (why: string) => {
-    leg.abort(why);
-    reader.cancel().catch(() => undefined);
-  };
+  const stopLeg = (why: string) => leg.abort(why);
 
   /** sglang, vllm-mooncake: P failed after D's first byte (and D's leg was aborted for it, or D reported the transfer failed): P's failure. */
   const partnerFailed = (bytes: Uint8Array, said?: string): SourceRead | null => {
@@ -122,7 +119,7 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
   const engineFailed = (err: EngineError, bytes: Uint8Array): SourceRead => {
     // the rest of D's answer (its [DONE]) is not wanted
     stopLeg("error event");
-    const reason = redact(err.message, leg.call.node.access.token);
+    const reason = redact(err.message, leg.call.node.access.secrets);
     const error = `decode node ${node} sent an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${reason}`;
     // no status: SGLang's native /generate, which writes one only for a ValueError (the request's validation)
     const status = err.status ?? 400;
@@ -195,6 +192,8 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
       }
       lastChunkAt = Date.now();
       if (cancelled) return endedWith(cancelled);
+      // the leg was stopped under the read (its body cancelled, Leg.bodyReader): not D's end
+      if (chunk.done && leg.stopped) return readFailed(new Error(leg.stopped));
       return chunk.done ? passed(sse.end(), true) : passed(sse.feed(chunk.value), false);
     },
     checkIdle(now) {
@@ -242,6 +241,7 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
       throw leg.failure(err, "broken", bytes ? "broke off its stream in its first event" : "broke off its stream before the first byte");
     }
     if (read.done) {
+      if (leg.stopped) throw leg.failure(new Error(leg.stopped), "broken", bytes ? "broke off its stream in its first event" : "broke off its stream before the first byte");
       if (!bytes) throw leg.protocolFailure("ended its stream without a byte");
       const last = sse.end();
       if (last.error) throw leg.errorEventFailure(last.error);

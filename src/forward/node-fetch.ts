@@ -30,8 +30,8 @@ export interface NodeAccess {
   via: string | null;
   /** headers every request to the node carries: its bearer token, its Access service token */
   headers: Readonly<Record<string, string>>;
-  /** the node's bearer token, so an answer that echoes it can be scrubbed */
-  token: string | null;
+  /** every credential value the node's requests carry (bearer token, Access client id and secret), so an answer that echoes one can be scrubbed */
+  secrets: readonly string[];
 }
 
 /** The headers that only a node naming an Access service token gets. */
@@ -90,7 +90,9 @@ export function nodeAccess(env: Record<string, unknown>, node: ReachableNode, di
     else problems.push(`its binding ${via} is not bound to this Worker`);
   }
   if (problems.length) send = failing(`node ${node.id} cannot be reached: ${problems.join("; ")}`);
-  return { fetch: send, via, headers, token };
+  // what the node is told and must never be repeated to a client or a log line
+  const secrets = Object.values(headers).flatMap((v) => [v, v.replace(/^Bearer /, "")]);
+  return { fetch: send, via, headers, secrets };
 }
 
 /** A GET of `path` on the node (probes, /v1/models, /metrics): the node's headers, no redirect followed. */

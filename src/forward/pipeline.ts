@@ -127,7 +127,7 @@ export async function decodeAttempt(
     }
     const type = leg.response.headers.get("content-type") ?? "";
     if (!type.includes("text/event-stream") || !leg.response.body) throw leg.protocolFailure(`answered a stream request with '${type || "no body"}'`);
-    const reader = leg.response.body.getReader();
+    const reader = leg.bodyReader();
     // the first byte, and the first event unless it is D's error (decode-source.ts)
     const first = await readFirstEvent(leg, reader, ctx.timeouts.decodeIdleMs);
     return { leg, ms: Date.now() - leg.started, body: { kind: "stream", reader, first } };

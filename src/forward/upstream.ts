@@ -161,11 +161,36 @@ export class Leg {
   ms = 0;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #timedOut: string | null = null;
-  readonly #onRequestAbort = () => this.controller.abort("request ended");
+  /** the body's reader, once a caller streams it (bodyReader) */
+  #reader: ReadableStreamDefaultReader<Uint8Array> | null = null;
+  /** why the leg was stopped; a read that then ends `done` ended for this reason, not because the node finished */
+  stopped: string | null = null;
+  readonly #onRequestAbort = () => this.#stop("request ended");
 
   private constructor(readonly call: LegCall) {
     if (call.signal.aborted) this.controller.abort("request ended");
     else call.signal.addEventListener("abort", this.#onRequestAbort, { once: true });
+  }
+
+  /** The response body's reader, for a caller that streams it; stopping the leg cancels it first. */
+  bodyReader(): ReadableStreamDefaultReader<Uint8Array> {
+    this.#reader ??= (this.response.body as ReadableStream<Uint8Array>).getReader();
+    return this.#reader;
+  }
+
+  /**
+   * Stops the leg. A body read pending under an aborted fetch is rejected with an error that
+   * captures its async stack, and workerd keeps it, with every closure on that stack (the whole
+   * request: 2-8 KB a client that left mid-stream, issue 25 item 1). So the body is cancelled
+   * first (the pending read resolves `done`; callers ask `stopped` why) and the fetch is aborted
+   * a microtask later, when no read waits on it.
+   */
+  #stop(reason: string): void {
+    this.stopped ??= reason;
+    const reader = this.#reader;
+    if (!reader) return this.controller.abort(reason);
+    reader.cancel(reason).catch(() => undefined);
+    queueMicrotask(() => this.controller.abort(reason));
   }
 
   get node(): string {
@@ -210,7 +235,7 @@ export class Leg {
     clearTimeout(this.#timer);
     this.#timer = setTimeout(() => {
       this.#timedOut = what;
-      this.controller.abort("upstream timeout");
+      this.#stop("upstream timeout");
     }, ms);
   }
 
@@ -246,8 +271,8 @@ export class Leg {
     const { leg, node } = this.call;
     const status = err.status ?? 400;
     const outcome = statusOutcome(status, "engine");
-    const message = `${leg} node ${node.id} sent an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.token)}`;
-    const clientMessage = outcome === "client_error" ? redact(err.message, node.access.token) : null;
+    const message = `${leg} node ${node.id} sent an error event${err.status ? ` (HTTP ${err.status})` : ""}: ${redact(err.message, node.access.secrets)}`;
+    const clientMessage = outcome === "client_error" ? redact(err.message, node.access.secrets) : null;
     const failure = new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, "engine", outcome === "busy" ? BUSY_RETRY_DEFAULT_MS : null, true);
     failure.errorEvent = err;
     return failure;
@@ -268,12 +293,12 @@ export class Leg {
     // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
     const why = status === 508 ? ": its URL leads back to the router (a routing loop)" : busy ? ": it is busy" : "";
     const message = `${leg} node ${node.id} answered HTTP ${status}${why}`;
-    const clientMessage = outcome === "client_error" ? clientMessageOf(text, node.access.token) : null;
+    const clientMessage = outcome === "client_error" ? clientMessageOf(text, node.access.secrets) : null;
     return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait);
   }
 
   abort(reason = "aborted"): void {
-    this.controller.abort(reason);
+    this.#stop(reason);
     this.close();
   }
 
@@ -284,8 +309,8 @@ export class Leg {
   }
 }
 
-/** The message of a node's error body, short, with the node's own token removed should it echo it. */
-export function clientMessageOf(text: string, token: string | null): string | null {
+/** The message of a node's error body, short, with the node's own credentials removed should it echo them. */
+export function clientMessageOf(text: string, secrets: readonly string[]): string | null {
   let message: unknown;
   try {
     const body = JSON.parse(text) as { error?: { message?: unknown } | string; message?: unknown; detail?: unknown };
@@ -294,13 +319,15 @@ export function clientMessageOf(text: string, token: string | null): string | nu
     return null;
   }
   if (typeof message !== "string" || !message) return null;
-  const clean = redact(message, token);
+  const clean = redact(message, secrets);
   return clean.length > 1000 ? `${clean.slice(0, 1000)}...` : clean;
 }
 
-/** A node's message with its own token removed, should it echo it. */
-export function redact(message: string, token: string | null): string {
-  return token ? message.split(token).join("[redacted]") : message;
+/** A node's message with every credential value its requests carry removed, should it echo one (longest first: a value inside another goes with it). */
+export function redact(message: string, secrets: readonly string[]): string {
+  let out = message;
+  for (const secret of [...secrets].sort((a, b) => b.length - a.length)) if (secret) out = out.split(secret).join("[redacted]");
+  return out;
 }
 
 /** Parses a leg's JSON body text as an object, or fails as a protocol error. */

@@ -185,6 +185,42 @@ describe("1. Cloudflare Access: the service token from NODE_* secrets, on every 
     }
   });
 
+  it("an engine or proxy that echoes the credentials it was sent: the client and the log line see neither the Access id and secret nor the bearer token (issue 25 item 4)", async () => {
+    // an auth proxy in front of the engine that quotes the headers it rejected, as a 400 JSON error
+    cluster.engines.get("d0").setFault({
+      mode: "respond",
+      count: 1,
+      status: 400,
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ error: { message: "bad request: CF-Access-Client-Id access-id-1, CF-Access-Client-Secret access-secret-1, Authorization Bearer p0-token" } }),
+    });
+    await putDocument({
+      protocol: "colocated",
+      nodes: [
+        {
+          id: "c",
+          url: D0,
+          role: "both",
+          apiKeySecret: "NODE_P0_TOKEN",
+          reach: { binding: "VPC_GPU", access: { clientId: "NODE_ACCESS_ID", clientSecret: "NODE_ACCESS_SECRET" } },
+        },
+      ],
+    });
+    const id = `echoed-secrets-${Date.now()}`;
+    const res = await post("/v1/chat/completions", chat("echo my credentials"), { "x-request-id": id });
+    expect(res.status).toBe(400);
+    const message = ((await res.json()) as any).error.message as string;
+    expect(message).toContain("bad request");
+    expect(message).toContain("[redacted]");
+    const line = await until(
+      "the request's log line",
+      async () => events(rig, "request").filter((e) => e.requestId === id),
+      (l) => l.length === 1,
+      5000,
+    );
+    for (const text of [message, JSON.stringify(line)]) for (const secret of ["access-id-1", "access-secret-1", "p0-token"]) expect(text).not.toContain(secret);
+  });
+
   it("a binding the Worker does not have, or an Access secret that is not set: the node fails naming it, and nothing is sent without them", async () => {
     await putDocument({ protocol: "colocated", nodes: [{ id: "c", url: D0, role: "both", reach: { binding: "VPC_MISSING" } }] });
     let res = await post("/v1/chat/completions", chat("no such binding"));

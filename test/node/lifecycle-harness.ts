@@ -77,6 +77,8 @@ export interface RigOptions {
   vars?: Record<string, string | number>;
   /** a RATE_LIMITER binding (none by default) */
   rateLimit?: { limit: number; period: number };
+  /** workerd's V8 inspector on this port (heap figures: scripts/devtools.mjs) */
+  inspectorPort?: number;
 }
 
 export async function startRig(o: RigOptions): Promise<Rig> {
@@ -94,6 +96,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
       persistDir,
       vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0, ...o.vars },
       ...(o.rateLimit ? { rateLimit: o.rateLimit } : {}),
+      ...(o.inspectorPort !== undefined ? { inspectorPort: o.inspectorPort } : {}),
       clusterDocument,
       onOutput: (line: string) => {
         // startRouter splits each chunk of output at newlines: a line cut by a chunk boundary
