@@ -188,7 +188,10 @@ export class Leg {
   #stop(reason: string): void {
     this.stopped ??= reason;
     const reader = this.#reader;
-    if (!reader) return this.controller.abort(reason);
+    if (!reader) {
+      this.controller.abort(reason);
+      return;
+    }
     reader.cancel(reason).catch(() => undefined);
     queueMicrotask(() => this.controller.abort(reason));
   }
