@@ -85,6 +85,8 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
   if (!view) {
     view = {
       version: pool.key === WHOLE_CLUSTER ? version : `${version}/${pool.key}`,
+      // first read by this isolate now: views are made once per parsed document
+      readAt: Date.now(),
       protocol: config.protocol,
       policy: config.policy,
       health: config.health,

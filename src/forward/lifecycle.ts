@@ -11,7 +11,12 @@ export interface LeaseState {
   prefillDone(leaseId: string, report: LegReport): Promise<unknown>;
   failover(leaseId: string, role: Role, report: LegReport, wantNext: boolean): Promise<{ next: string | null }>;
   finish(leaseId: string, report: FinishReport): Promise<unknown>;
+  /** a newer document than the object holds, from a request waiting at the edge */
+  syncView(view: ClusterView): Promise<unknown>;
 }
+
+/** How often a request waiting at the edge looks for an edited document (its isolate's cached read) */
+export const WAITING_REFRESH_MS = 1000;
 
 /** How the request ended; `status` is what the client got (499: it left first). */
 export interface Ending {
@@ -124,18 +129,42 @@ export class RequestLife {
     return this.#call(p);
   }
 
+  async #whileWaiting<T>(call: Promise<T>, version: string, refresh?: () => Promise<ClusterView | null>): Promise<T> {
+    if (!refresh) return call;
+    let known = version;
+    const timer = setInterval(() => {
+      void refresh()
+        .then((next) => {
+          if (!next || next.version === known || this.#ended) return;
+          known = next.version;
+          this.#o.waitUntil(this.#call(this.#o.state.syncView(next)));
+        })
+        .catch(() => undefined);
+    }, WAITING_REFRESH_MS);
+    try {
+      return await call;
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
   /** Durable Object calls the request waited for before it was routed (the document: see currentConfig). */
   waitedForState(calls: number): void {
     this.#stateCalls += calls;
     this.#awaitedCalls += calls;
   }
 
-  /** Picks P and D and takes the lease: the one round trip the response waits for. */
-  async route(request: RouteRequest, view: ClusterView): Promise<RouteResponse> {
+  /**
+   * Picks P and D and takes the lease: the one round trip the response waits for. While the call
+   * waits at the edge (every D busy), `refresh` is asked for the document every WAITING_REFRESH_MS
+   * and an edited one is handed to the object, which decides the waiters again under it.
+   */
+  async route(request: RouteRequest, view: ClusterView, refresh?: () => Promise<ClusterView | null>): Promise<RouteResponse> {
     request = { ...request, leaseId: this.#leaseId, requestId: this.#o.requestId };
-    let routed = await this.#awaited(this.#o.state.route(request));
+    let routed = await this.#awaited(this.#whileWaiting(this.#o.state.route(request), view.version, refresh));
     // The object has another version of the document (new, or evicted): send it once.
-    if (!routed.ok && routed.error.kind === "stale_view") routed = await this.#awaited(this.#o.state.route({ ...request, cluster: view }));
+    if (!routed.ok && routed.error.kind === "stale_view")
+      routed = await this.#awaited(this.#whileWaiting(this.#o.state.route({ ...request, cluster: view }), view.version, refresh));
     this.timings.routeMs = Date.now() - this.#started;
     if (routed.ok && routed.queuedMs !== undefined) {
       this.timings.queueMs = routed.queuedMs;

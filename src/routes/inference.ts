@@ -1,5 +1,5 @@
 import type { Context } from "hono";
-import { clusterState, clusterView, currentConfig, numberVar, requireConfig, servesModel } from "../config/runtime";
+import { clusterState, clusterView, currentConfig, invalidateConfig, numberVar, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
 import { poolFor } from "../config/pools";
 import { nodesPointingAt } from "../config/self-origin";
@@ -128,6 +128,19 @@ function loopingNodes(config: ClusterConfig, requestUrl: string): string[] {
   return origins.get(new URL(requestUrl).origin) ?? [];
 }
 
+/**
+ * The request waited through a document edit and was decided under the newer version: this
+ * isolate reads the document again. Its own still serves when it names the chosen nodes (KV not
+ * yet showing the edit here); otherwise the lease goes back and the client may retry at once.
+ */
+async function configOfVersion(env: Env, config: ClusterConfig, model: string, version: string, chosen: string[]): Promise<ClusterConfig> {
+  invalidateConfig();
+  const fresh = await currentConfig(env);
+  if (fresh.config && clusterView(fresh.config, fresh.version, poolFor(fresh.config, model)).version === version) return fresh.config;
+  if (chosen.every((id) => config.nodes.some((n) => n.id === id))) return config;
+  throw new RouterError(503, "The cluster document changed while the request waited; retry.", "service_unavailable", "cluster_state_unavailable", null, { "retry-after": "1" });
+}
+
 /** Per document: its nodes by id. */
 const nodesById = new WeakMap<ClusterConfig, Map<string, NodeConfig>>();
 
@@ -225,7 +238,7 @@ async function route(
   oneHop = false,
   onLife?: (life: RequestLife) => void,
 ): Promise<Routed> {
-  const { config, view, pool, request, keySource, configStateCalls } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
+  let { config, view, pool, request, keySource, configStateCalls } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop);
   if (kind === "responses") refuseUnservableResponse(config.protocol, body);
   request.route = path;
   const env = c.env;
@@ -247,8 +260,23 @@ async function route(
   onLife?.(life);
   life.waitedForState(configStateCalls);
   try {
-    const routed = await life.route(request, view);
+    // while it waits at the edge: this isolate's document, for the object to see an edit
+    const refresh = async (): Promise<ClusterView | null> => {
+      const fresh = await currentConfig(env);
+      const p = fresh.config ? poolFor(fresh.config, body.model) : null;
+      return fresh.config && p?.key === pool ? clusterView(fresh.config, fresh.version, p) : null;
+    };
+    let routed = await life.route(request, view, refresh);
+    if (!routed.ok && routed.error.kind === "stale_view") {
+      // the object holds a document this isolate read before: read it again and route once more
+      invalidateConfig();
+      ({ config, view, request } = await buildRouteRequest(c, kind, body, raw.length, false, oneHop));
+      request.route = path;
+      routed = await life.route(request, view, refresh);
+    }
     if (!routed.ok) throw selectionFailure(routed.error);
+    if (routed.version && routed.version !== view.version)
+      config = await configOfVersion(env, config, body.model, routed.version, [routed.decision.prefill.id, routed.decision.decode.id]);
     if (config.protocol === "colocated" || oneHop) life.prefillReported = true;
     let nodes = nodesById.get(config);
     if (!nodes) {
@@ -298,7 +326,11 @@ async function route(
 function reportPrefillUsage(life: RequestLife, answer: DecodeAnswer): void {
   const usage = answer.prefillUsage;
   if (!usage || answer.prefillNode === answer.decodeNode) return;
-  life.reportEngineUsage(() => (usage.promptTokens === null ? null : { node: answer.prefillNode, promptTokens: usage.promptTokens, cachedTokens: usage.cachedTokens }));
+  life.reportEngineUsage(() =>
+    usage.promptTokens === null
+      ? null
+      : { node: answer.prefillNode, promptTokens: usage.promptTokens, cachedTokens: usage.cachedTokens, ...(usage.anomaly ? { anomaly: true } : {}) },
+  );
 }
 
 /** The events that end a complete Responses API stream (vLLM's responses/serving.py). */

@@ -98,6 +98,12 @@ export class ClusterState extends DurableObject {
     return admitted;
   }
 
+  /** A request waiting at the edge saw the document edited: applied unless older than the one in force, and the waiters decided again under it. */
+  syncView(view: ClusterView): void {
+    this.#syncCluster(view);
+    if (this.#admission.size > 0) this.#admitWaiting();
+  }
+
   /** The request still runs: its lease lives another TTL. False when it is gone (expired or released). */
   renew(leaseId: string): boolean {
     // the first renewal of a lease admitted from the queue confirms it: its Worker is still there
@@ -129,7 +135,10 @@ export class ClusterState extends DurableObject {
     this.count(report.route, report.status, report.keyLabel);
     if (report.usageDetails) this.#usageDetails.note(report.usageDetails.node, report.usageDetails.reported);
     if (report.remember) this.sticky.remember(report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode });
-    if (report.engineUsage && leaseId) this.prefixes.learn(this.#leases.get(leaseId), report.engineUsage, this.cluster);
+    if (report.engineUsage?.anomaly) {
+      const h = this.health.get(report.engineUsage.node);
+      if (h) h.usageAnomalies += 1;
+    } else if (report.engineUsage && leaseId) this.prefixes.learn(this.#leases.get(leaseId), report.engineUsage, this.cluster);
     if (report.prefill) this.#legEnded("prefill", report.prefill, now);
     if (report.decode) this.#legEnded("decode", report.decode, now);
     if (!leaseId) return;
@@ -280,6 +289,8 @@ export class ClusterState extends DurableObject {
 
   #syncCluster(view: ClusterView): void {
     if (this.cluster?.version === view.version) return;
+    // a document read before the one in force is older: an isolate still on it reloads (stale_view)
+    if (this.cluster && (view.readAt ?? 0) < (this.cluster.readAt ?? 0)) return;
     this.#applyCluster(view);
     writeKey(this.#sql, "cluster", JSON.stringify(view));
     void this.#ensureAlarm();

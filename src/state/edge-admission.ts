@@ -94,7 +94,7 @@ export class EdgeAdmission {
     const refused = new Set<string>();
     this.#queue.admit((w) => {
       const { req, answer } = w.item;
-      if (!cluster || cluster.version !== req.version) {
+      if (!cluster) {
         answer({ ok: false, error: { kind: "stale_view" } });
         return true;
       }
@@ -112,7 +112,10 @@ export class EdgeAdmission {
         this.#reservations.set(routed.leaseId, until);
       }
       observe(this.#wait, queuedMs);
-      answer(routed.ok ? { ...routed, queuedMs } : routed);
+      // decided under the document in force, whichever the request came with (an edit while it
+      // waited: an operator adding a D to relieve the pool); its Worker reloads that version
+      const edited = cluster.version !== req.version ? { version: cluster.version } : {};
+      answer(routed.ok ? { ...routed, queuedMs, ...edited } : routed);
       return true;
     });
   }

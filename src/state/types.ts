@@ -10,6 +10,12 @@ import type { HistoryPoint } from "./node-history";
 /** The part of the cluster document the Durable Object needs; sent with every call that routes. */
 export interface ClusterView {
   version: string;
+  /**
+   * When the sending isolate first read this version from KV (ms since the epoch): the object
+   * never lets a view read earlier replace one read later (an isolate still on the old document
+   * must not flip the object back). Absent in views saved before it: oldest.
+   */
+  readAt?: number | undefined;
   protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
   policy: SelectionPolicy;
   health: HealthSettings;
@@ -71,7 +77,14 @@ export type AdmissionError =
 
 export type RouteResponse =
   /** queuedMs: how long the request waited at the edge for a decode node that is not busy (absent: it did not) */
-  | { ok: true; leaseId: string | null; decision: Decision; queuedMs?: number; wouldWait?: { queued: number } }
+  | {
+      ok: true;
+      leaseId: string | null;
+      decision: Decision;
+      queuedMs?: number;
+      wouldWait?: { queued: number } /** decided under this document version, not the request's (it waited through an edit) */;
+      version?: string;
+    }
   | { ok: false; error: SelectionError | { kind: "stale_view" } | AdmissionError };
 
 /**
@@ -127,6 +140,7 @@ export interface NodeStatus {
   busyUntil: number | null;
   failureStreak: number;
   failuresTotal: number;
+  usageAnomalies: number;
   lastFailureAt: number;
   /** tokens: KV tokens of the decode streams open on it; prefillTokens: uncached tokens of its prefills running */
   inflight: { prefill: number; decode: number; tokens: number; prefillTokens: number };
