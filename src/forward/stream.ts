@@ -31,6 +31,8 @@ export function usageHolder(json: string): { member: "usage" | "response"; value
 export interface PrefillUsage {
   promptTokens: number | null;
   cachedTokens: number;
+  /** P reported impossible figures (a negative count, cached tokens above the prompt): clamped */
+  anomaly?: boolean;
 }
 
 type UsageShape = {
@@ -40,12 +42,21 @@ type UsageShape = {
   input_tokens_details?: { cached_tokens?: unknown } | null;
 };
 
-/** P's usage as P reported it (vLLM omits prompt_tokens_details when nothing was cached: that is 0). Chat, completions or Responses shape. */
+/**
+ * P's usage as P reported it (vLLM omits prompt_tokens_details when nothing was cached: that is
+ * 0). Chat, completions or Responses shape. What reaches the client is clamped to what can be
+ * true — counts whole and non-negative, cached tokens at most the prompt — and an answer that
+ * needed it is marked, to be counted against P.
+ */
 export function prefillUsageOf(json: Record<string, unknown>): PrefillUsage {
   const usage = json.usage as UsageShape | undefined;
   const cached = usage?.prompt_tokens_details?.cached_tokens ?? usage?.input_tokens_details?.cached_tokens;
   const prompt = usage?.prompt_tokens ?? usage?.input_tokens;
-  return { promptTokens: typeof prompt === "number" ? prompt : null, cachedTokens: typeof cached === "number" ? cached : 0 };
+  const count = (v: unknown, max: number) => (typeof v === "number" && Number.isFinite(v) ? Math.min(max, Math.max(0, Math.floor(v))) : null);
+  const promptTokens = count(prompt, Number.MAX_SAFE_INTEGER);
+  const cachedTokens = count(cached, promptTokens ?? Number.MAX_SAFE_INTEGER) ?? 0;
+  const anomaly = (typeof prompt === "number" && prompt !== promptTokens) || (typeof cached === "number" && cached !== cachedTokens);
+  return { promptTokens, cachedTokens, ...(anomaly ? { anomaly } : {}) };
 }
 
 /**

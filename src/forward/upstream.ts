@@ -49,9 +49,15 @@ const BUSY_STATUSES = new Set([429, 503]);
  */
 const UNSUPPORTED_BY_ENGINE = 501;
 
-/** Who is at fault for a node's non-200 status: the client's request, a node that is full, or the node. */
-export function statusOutcome(status: number, answeredBy: "engine" | "front" | null): "client_error" | "busy" | "failure" {
+/**
+ * Who is at fault for a node's non-200 status: the client's request, a node that is full, or the
+ * node. A 503 that is not the engine's (not JSON) and names no retry-after is an ingress or load
+ * balancer with no ready backend (Kubernetes ingress-nginx, Envoy "no healthy upstream"): the
+ * node is down, not full (`hinted` false).
+ */
+export function statusOutcome(status: number, answeredBy: "engine" | "front" | null, hinted = true): "client_error" | "busy" | "failure" {
   if (CLIENT_FAULT_STATUSES.has(status) || (status === UNSUPPORTED_BY_ENGINE && answeredBy === "engine")) return "client_error";
+  if (status === 503 && answeredBy === "front" && !hinted) return "failure";
   if (BUSY_STATUSES.has(status)) return "busy";
   return "failure";
 }
@@ -63,11 +69,15 @@ export const answeredByOf = (headers: Headers): "engine" | "front" => ((headers.
 export const BUSY_RETRY_DEFAULT_MS = 1_000;
 export const BUSY_RETRY_MAX_MS = 300_000;
 
-/** A `retry-after` header (delay-seconds or an HTTP-date) in ms, within [0, BUSY_RETRY_MAX_MS]; null when absent or unreadable. */
+/** RFC 9110 10.2.3: delay-seconds, or an HTTP-date (IMF-fixdate, or the obsolete RFC 850 and asctime forms, section 5.6.7). */
+const DELAY_SECONDS = /^\d+$/;
+const HTTP_DATE =
+  /^(?:[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT|[A-Z][a-z]+day, \d{2}-[A-Z][a-z]{2}-\d{2} \d{2}:\d{2}:\d{2} GMT|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})$/;
+
+/** A `retry-after` header in ms, within [0, BUSY_RETRY_MAX_MS]; null when absent or not one of RFC 9110's forms (`-5`, `+5`, `1.5` are not). */
 export function retryAfterMs(value: string | null, now = Date.now()): number | null {
-  if (value === null || value.trim() === "") return null;
-  const text = value.trim();
-  const ms = /^\d+$/.test(text) ? Number(text) * 1000 : Date.parse(text) - now;
+  const text = value?.trim() ?? "";
+  const ms = DELAY_SECONDS.test(text) ? Number(text) * 1000 : HTTP_DATE.test(text) ? Date.parse(text) - now : Number.NaN;
   return Number.isFinite(ms) ? Math.min(BUSY_RETRY_MAX_MS, Math.max(0, ms)) : null;
 }
 
@@ -90,6 +100,8 @@ export class UpstreamFailure extends Error {
     public retryAfterMs: number | null = null,
     /** the node's response headers had arrived before the leg failed */
     readonly headersSeen = false,
+    /** a status came with a retry-after (a 503 from in front of the engine without one is a failure: statusOutcome) */
+    readonly hinted = true,
   ) {
     super(message);
     this.name = "UpstreamFailure";
@@ -101,7 +113,7 @@ export class UpstreamFailure extends Error {
   /** A refused request is the client's fault and does not count against the node; an abort tells nothing; a full node is busy. */
   get outcome(): LegOutcome {
     if (this.kind === "aborted") return "aborted";
-    if (this.kind === "status" && this.status !== null) return statusOutcome(this.status, this.answeredBy);
+    if (this.kind === "status" && this.status !== null) return statusOutcome(this.status, this.answeredBy, this.hinted);
     return "failure";
   }
 
@@ -290,14 +302,15 @@ export class Leg {
     // An engine's own refusal is JSON (vLLM's ErrorResponse, SGLang's ORJSONResponse); a proxy,
     // a tunnel, an Access login or a redirect in front of it answers something else.
     const answeredBy = answeredByOf(headers);
-    const outcome = statusOutcome(status, answeredBy);
+    const hint = retryAfterMs(headers.get("retry-after"));
+    const outcome = statusOutcome(status, answeredBy, hint !== null);
     const busy = outcome === "busy";
-    const wait = busy ? (retryAfterMs(headers.get("retry-after")) ?? BUSY_RETRY_DEFAULT_MS) : null;
+    const wait = busy ? (hint ?? BUSY_RETRY_DEFAULT_MS) : null;
     // 508 is the router's own loop refusal (HOP_HEADER) when a node URL leads back to it under another name
     const why = status === 508 ? ": its URL leads back to the router (a routing loop)" : busy ? ": it is busy" : "";
     const message = `${leg} node ${node.id} answered HTTP ${status}${why}`;
     const clientMessage = outcome === "client_error" ? clientMessageOf(text, node.access.secrets) : null;
-    return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait);
+    return new UpstreamFailure(leg, node.id, "status", message, status, clientMessage, answeredBy, wait, false, hint !== null);
   }
 
   abort(reason = "aborted"): void {

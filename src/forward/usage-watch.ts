@@ -9,12 +9,14 @@ import type { DataRewrite } from "./sse-reader";
 export interface AnswerUsage {
   promptTokens: number;
   cachedTokens: number;
+  /** impossible figures, clamped (stream.ts prefillUsageOf) */
+  anomaly?: boolean;
 }
 
 /** An answer's usage object (chat, completions or Responses shape) as counts; null without prompt tokens. */
 export function usageCounts(holder: Record<string, unknown>): AnswerUsage | null {
   const u = prefillUsageOf(holder);
-  return u.promptTokens === null ? null : { promptTokens: u.promptTokens, cachedTokens: u.cachedTokens };
+  return u.promptTokens === null ? null : { promptTokens: u.promptTokens, cachedTokens: u.cachedTokens, ...(u.anomaly ? { anomaly: true } : {}) };
 }
 
 /** A whole JSON answer's usage (its top-level `usage` member only is parsed). */

@@ -60,6 +60,12 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       perNode((n) => n.failuresTotal),
     ),
     family(
+      "node_usage_anomalies_total",
+      "counter",
+      "Answers whose reported cached tokens were impossible (negative, above the prompt), clamped.",
+      perNode((n) => n.usageAnomalies),
+    ),
+    family(
       "node_inflight",
       "gauge",
       "Prefill legs and decode streams on the node.",

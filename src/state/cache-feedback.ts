@@ -25,6 +25,8 @@ export interface EngineUsage {
   node: string;
   promptTokens: number;
   cachedTokens: number;
+  /** the engine reported impossible figures (clamped): counted against it, nothing learned */
+  anomaly?: boolean;
 }
 
 /** A prediction of at least this many blocks is one a miss says something about. */

@@ -31,8 +31,11 @@ export class NodeHealthTable {
   report(report: LegReport, now: number, s: HealthSettings | undefined): void {
     const h = this.#byNode.get(report.node);
     if (!h || !s) return;
-    if (report.outcome === "ok" || report.outcome === "client_error") onSuccess(h);
-    else if (report.outcome === "failure") onFailure(h, now, s);
+    if (report.outcome === "ok" || report.outcome === "client_error") {
+      onSuccess(h);
+      // it answered: whatever window its last 429/503 asked for is over (issue 25 item 7)
+      h.busyUntil = 0;
+    } else if (report.outcome === "failure") onFailure(h, now, s);
     else {
       onInconclusive(h);
       if (report.outcome === "busy") h.busyUntil = now + Math.min(BUSY_RETRY_MAX_MS, report.retryAfterMs ?? BUSY_RETRY_DEFAULT_MS);

@@ -64,6 +64,8 @@ export interface NodeHealth {
   trialInFlight: boolean;
   lastFailureAt: number;
   failuresTotal: number;
+  /** answers whose usage was impossible (cached tokens negative or above the prompt): clamped for the client, counted here */
+  usageAnomalies: number;
 }
 
 export const freshHealth = (): NodeHealth => ({
@@ -77,6 +79,7 @@ export const freshHealth = (): NodeHealth => ({
   trialInFlight: false,
   lastFailureAt: 0,
   failuresTotal: 0,
+  usageAnomalies: 0,
 });
 
 export function breakerState(h: NodeHealth, now: number): BreakerState {

@@ -63,6 +63,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     busyUntil: h.busyUntil > now ? h.busyUntil : null,
     failureStreak: h.failureStreak,
     failuresTotal: h.failuresTotal,
+    usageAnomalies: h.usageAnomalies,
     lastFailureAt: h.lastFailureAt,
     inflight,
     requestsTotal: { prefill: requestsPrefill, decode: requestsDecode },

@@ -92,6 +92,16 @@ describe("a node's retry-after is honoured", () => {
     await expectNoLoad();
   });
 
+  it("a 503 that is not the engine's and names no retry-after (an ingress with no ready pod) is the node failing: counted, no window", async () => {
+    await putCluster({ protocol: "vllm", policy: rr, nodes: PD2 });
+    await fault("d0", { mode: "respond", status: 503, headers: { "content-type": "text/html" }, body: "<html><body>503 Service Temporarily Unavailable</body></html>", count: 1 });
+    await untilReached("d0");
+    const d0 = await node("d0");
+    expect(d0.failuresTotal).toBe(1);
+    expect(d0.busyUntil).toBeNull();
+    await expectNoLoad();
+  });
+
   it("a P answering 429 with retry-after 5 once: the other P prefills until the window ends, then it is used again", async () => {
     await putCluster({ protocol: "vllm", policy: rr, nodes: P2D });
     await fault("p0", busy("5", 429));

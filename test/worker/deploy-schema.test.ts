@@ -3,7 +3,8 @@
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
 import { nodeAccess } from "../../src/forward/node-fetch";
-import { BUSY_RETRY_MAX_MS, retryAfterMs } from "../../src/forward/upstream";
+import { BUSY_RETRY_MAX_MS, retryAfterMs, statusOutcome } from "../../src/forward/upstream";
+import { NodeHealthTable } from "../../src/state/health-table";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
 
 const doc = (node: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({
@@ -86,12 +87,43 @@ describe("retry-after of a busy node", () => {
     ["99999", BUSY_RETRY_MAX_MS],
     ["soon", null],
     [null, null],
+    // not RFC 9110 forms, which a lenient date parser read as dates (issue 25 item 7)
+    ["-5", null],
+    ["+5", null],
+    ["1.5", null],
+    ["5 s", null],
   ] as const)("%j -> %s ms", (value, ms) => {
     expect(retryAfterMs(value)).toBe(ms);
   });
   it("an HTTP-date counts from now", () => {
     const now = Date.parse("2026-05-01T10:00:00Z");
     expect(retryAfterMs("Fri, 01 May 2026 10:00:05 GMT", now)).toBe(5000);
+    // RFC 9110 5.6.7's obsolete forms, which a recipient must accept: RFC 850 and asctime
+    expect(retryAfterMs("Friday, 01-May-26 10:00:07 GMT", now)).toBe(7000);
+    expect(retryAfterMs("Fri May  1 10:00:09 2026", now)).toBe(9000);
+    expect(retryAfterMs("2026-05-01T10:00:05Z", now)).toBeNull();
+  });
+});
+
+describe("a busy node's window", () => {
+  const settings = { intervalMs: 10_000, probeTimeoutMs: 2000, downAfter: 2, upAfter: 2, ejectAfter: 3, ejectBaseMs: 10_000, ejectMaxMs: 300_000 };
+  it("closes when the node answers well: a 429 with retry-after 60 does not keep a node that serves out for a minute", () => {
+    const t = new NodeHealthTable();
+    t.sync(new Set(["d0"]));
+    t.report({ node: "d0", outcome: "busy", retryAfterMs: 60_000 }, 1000, settings);
+    expect(t.view("d0").busyUntil).toBe(61_000);
+    t.report({ node: "d0", outcome: "ok" }, 2000, settings);
+    expect(t.view("d0").busyUntil).toBe(0);
+    expect(t.busyEnd(2000)).toBe(Number.POSITIVE_INFINITY);
+  });
+});
+
+describe("a 503 from in front of the engine", () => {
+  it("without retry-after is a node with no ready backend (a failure); with one, or the engine's own, is busy", () => {
+    expect(statusOutcome(503, "front", false)).toBe("failure");
+    expect(statusOutcome(503, "front", true)).toBe("busy");
+    expect(statusOutcome(503, "engine", false)).toBe("busy");
+    expect(statusOutcome(429, "front", false)).toBe("busy");
   });
 });
 

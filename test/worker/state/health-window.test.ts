@@ -51,11 +51,16 @@ describe("the busy window", () => {
     expect(isHealthy(h, 100)).toBe(true);
   });
 
-  it("a success or failure later does not end it early; other outcomes leave it alone", () => {
+  it("a failure or an abort later leaves it alone; a good answer ends it (the node serves again: issue 25 item 7)", () => {
     const t = table("d0");
     t.report({ node: "d0", outcome: "busy", retryAfterMs: 4_000 }, 0, HEALTH);
-    for (const outcome of ["ok", "failure", "client_error", "aborted"] as const) t.report({ node: "d0", outcome }, 1_000, HEALTH);
+    for (const outcome of ["failure", "aborted"] as const) t.report({ node: "d0", outcome }, 1_000, HEALTH);
     expect(t.view("d0").busyUntil).toBe(4_000);
+    for (const outcome of ["ok", "client_error"] as const) {
+      t.report({ node: "d0", outcome: "busy", retryAfterMs: 4_000 }, 0, HEALTH);
+      t.report({ node: "d0", outcome }, 1_000, HEALTH);
+      expect(t.view("d0").busyUntil).toBe(0);
+    }
   });
 
   it("is forgotten with the node when it leaves the document", () => {
