@@ -187,7 +187,7 @@ export class AdmissionQueue<T> {
       flows.add(w.flow);
       if (w.flow === cls.flow) mine++;
     }
-    return flows.size > 1 && mine >= Math.floor(s.maxQueued / flows.size);
+    return flows.size > 1 && mine > 0 && mine >= Math.max(1, Math.floor(s.maxQueued / flows.size));
   }
 
   #placeOf(waiter: Waiter<T>): number {

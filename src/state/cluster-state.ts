@@ -91,7 +91,13 @@ export class ClusterState extends DurableObject {
     // behind it rather than taking what that one could not (SPEC 8; issue 25 item 6)
     if (!req.dryRun && this.#admission.size > 0) this.#admitWaiting();
     const admission = admissionOf(cluster);
-    if (req.dryRun || req.oneHop === true || !this.#admission.waitsBehind(req, now, admission)) {
+    const behind = req.oneHop !== true && this.#admission.waitsBehind(req, now, admission);
+    // a dry run behind waiting requests of its model: it would wait too, for the nodes it would get
+    if (req.dryRun && behind) {
+      const picked = this.#decide(req, cluster, now, false);
+      return this.#admission.wouldWait(picked, picked.ok ? picked.decision.decode.candidates : []);
+    }
+    if (!behind) {
       const routed = this.#decide(req, cluster, now, req.oneHop !== true);
       if (routed.ok || routed.error.kind !== "decode_busy") return routed;
       // a dry run: what it would get once a node frees (the picks without the guard)

@@ -82,6 +82,9 @@ describe("every decode node busy", () => {
     const small = post("/v1/chat/completions", chatBody(`small ${"x".repeat(120)}`), { headers: { "content-type": "application/json", "x-request-id": "fcfs-small" } });
     await waitFor("the small one queued behind it", queued, (n) => n === 2);
     expect(await decodeLegs("d0")).toHaveLength(0);
+    // /v1/route says so too: a request of that model would wait behind them
+    const dry = (await (await post("/v1/route", chatBody(`dry ${"x".repeat(120)}`))).json()) as { admission: unknown };
+    expect(dry.admission).toEqual({ wait: true, queued: 2 });
     await setMetrics("d0", kv(0.1));
     await poll();
     for (const res of await Promise.all([large, small])) {

@@ -142,6 +142,12 @@ describe("a full queue", () => {
     const joined = q.enqueue("b0", null, cls("default", "B"), 10, S);
     expect(joined.ok && [joined.evicted?.waiter.ticket, joined.evicted?.reason]).toEqual(["a3", "fair_share_exceeded"]);
     expect(q.enqueue("a4", null, cls("default", "A"), 11, S)).toEqual({ ok: false, reason: "fair_share_exceeded" });
+    // a key with nothing queued that does not rank before the last waiter: the queue is full, not its share
+    const level = new AdmissionQueue<null>();
+    const T = { queueMs: 1_000, maxQueued: 2 };
+    level.enqueue("a0", null, cls("default", "A"), 0, T);
+    level.enqueue("b0", null, cls("default", "B"), 0, T);
+    expect(level.enqueue("c0", null, cls("default", "C"), 5, T)).toEqual({ ok: false, reason: "queue_full" });
     // fair share off: the newcomer is simply refused
     const plain = new AdmissionQueue<null>();
     for (let i = 0; i < 4; i++) plain.enqueue(`a${i}`, null, cls("default", ""), i, { ...S, fairShare: "none" });
