@@ -72,6 +72,34 @@ describe("service_tier", () => {
     expect((await decodeLegs("d0")).map(idOf)).toEqual(["tier-priority", "tier-default", "tier-flex"]);
   });
 
+  it("a full queue sheds the lowest tier first: the flex waiter gets 503 cluster_busy at once, having sent nothing upstream", async () => {
+    await setMetrics("d0", kv(0.99));
+    await setMetrics("d1", kv(0.99));
+    await putNodes(PD, { admission: { maxQueued: 1 } });
+    await poll();
+    const before = await snapshot();
+    const shedCount = (s: typeof before) => s.admission.rejected.find((r) => r.reason === "shed" && r.tier === "flex")?.count ?? 0;
+    const flex = send("shed-flex", chatBody("flex", { service_tier: "flex" }));
+    await waitFor("flex queued", queued, (n) => n === 1);
+    const priority = send("shed-priority", chatBody("priority", { service_tier: "priority" }));
+    const shed = await flex;
+    expect(shed.status).toBe(503);
+    expect(shed.headers.get("retry-after")).toMatch(/^[1-9]\d*$/);
+    expect(((await shed.json()) as { error: { code: string } }).error.code).toBe("cluster_busy");
+    const s = await snapshot();
+    expect([s.admission.queued, s.leases, shedCount(s)]).toEqual([1, 0, shedCount(before) + 1]);
+    // a default request does not rank before the priority one: refused at once, the queue is full
+    const refused = await send("shed-default", chatBody("default"));
+    expect(refused.status).toBe(503);
+    await refused.arrayBuffer();
+    await setMetrics("d1", kv(0.2));
+    await poll();
+    expect((await priority).status).toBe(200);
+    const reached = [...(await engineRequests("p0")), ...(await decodeLegs("d0")), ...(await decodeLegs("d1"))].map(idOf);
+    expect(reached.filter((id) => id !== "shed-priority")).toEqual([]);
+    await waitFor("released", snapshot, (x) => x.leases === 0 && x.admission.queued === 0);
+  });
+
   it("admission.ttftSloMs: a flex request predicted to miss it gets 503 slo_unmeetable at once; a default one waits", async () => {
     await putNodes(PD, { admission: { ttftSloMs: 1 } });
     // one request through: the pool has seen a lease end, so the queue's wait can be estimated
