@@ -45,7 +45,8 @@ export default defineConfig({
               bindings: {
                 CONFIG_TTL_MS: "0",
                 ADMIN_TOKEN: "ops-admin-token",
-                API_KEYS: " ops-key-main , ops-key-alt,, ops-key-limited ",
+                // ops-key-flex carries a service tier (SPEC 9): it authenticates as "ops-key-flex"
+                API_KEYS: " ops-key-main , ops-key-alt,, ops-key-limited , ops-key-flex:flex ",
                 METRICS_TOKEN: "ops-metrics-token",
                 RATE_LIMIT_PERIOD_S: "60",
               },
@@ -58,7 +59,8 @@ export default defineConfig({
           include: ["test/worker/ops-*.test.ts"],
           // after the other projects, so a second workerd does not compete with their timing-sensitive tests
           sequence: { groupOrder: 1 },
-          globalSetup: ["./test/global-setup.ts"],
+          // the signals rig too: fair share across API keys needs keys and busy decode nodes (ops-admission-*)
+          globalSetup: ["./test/global-setup.ts", "./test/signals-global-setup.ts"],
           // each file its own engines (and, through the pool, its own workerd): files may run in parallel
           setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,

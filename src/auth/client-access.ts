@@ -4,17 +4,28 @@ import type { Env } from "../env";
 import { RouterError } from "../errors";
 import { background } from "../observability/log";
 import { bearerToken, secret, unauthorized } from "./bearer";
-import { keyLabel, matchesAny } from "./digest";
+import { keyLabel, matchIndex } from "./digest";
+import { parseKeyEntry } from "./service-tier";
+import type { Tier } from "../state/admission-queue";
 
-/** The configured client keys: comma-separated, blanks around keys ignored, empty entries dropped. */
-export function apiKeys(env: Env): string[] {
+/**
+ * The configured client keys: comma-separated, blanks around keys ignored, empty entries dropped;
+ * an entry may end in `:tier` (`key-abc:priority`, SPEC 9), the key's service tier.
+ */
+export function apiKeys(env: Env): Array<{ key: string; tier: Tier | null }> {
   const raw = secret(env.API_KEYS);
   return raw
     ? raw
         .split(",")
-        .map((k) => k.trim())
-        .filter((k) => k !== "")
+        .map((k) => parseKeyEntry(k.trim()))
+        .filter((k) => k.key !== "")
     : [];
+}
+
+/** The client's key as the routes see it: its label (metrics, fair share) and its tier, if it has one. */
+export interface ClientKey {
+  label: string;
+  tier: Tier | null;
 }
 
 export interface ClientAccessOptions {
@@ -29,7 +40,7 @@ export interface ClientAccessOptions {
  */
 const INFERENCE_PATHS = new Set(["/v1/chat/completions", "/v1/completions"]);
 
-type AccessEnv = { Bindings: Env; Variables: { keyLabel?: string; rateLimitKey?: string } };
+type AccessEnv = { Bindings: Env; Variables: { keyLabel?: string; rateLimitKey?: string; clientKey?: ClientKey } };
 
 export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandler<AccessEnv> {
   return async function clientAccess(c, next) {
@@ -41,11 +52,19 @@ export function clientAccess(options: ClientAccessOptions = {}): MiddlewareHandl
       const failures = failureLimit(c.env, c.req.header("cf-connecting-ip"), options);
       // Checked before the key: an address over its limit learns nothing from a right guess either.
       failures?.refuseIfBlocked();
-      if (!(await matchesAny(token, keys))) {
+      const matched =
+        keys[
+          await matchIndex(
+            token,
+            keys.map((k) => k.key),
+          )
+        ];
+      if (!matched) {
         await failures?.count();
         throw unauthorized("Incorrect API key provided.");
       }
       label = await keyLabel(token);
+      c.set("clientKey", { label, tier: matched.tier });
       // Routed requests carry the label to the Durable Object in their finish report (no
       // extra round trip); the other /v1 routes count it here.
       if (INFERENCE_PATHS.has(c.req.path)) c.set("keyLabel", label);

@@ -21,10 +21,10 @@ export async function secretEquals(given: string, expected: string): Promise<boo
   return diff === 0;
 }
 
-/** Whether `given` equals one of `expected`; every candidate is compared, match or not. */
-export async function matchesAny(given: string, expected: readonly string[]): Promise<boolean> {
+/** Which of `expected` equals `given` (-1: none); every candidate is compared, match or not. */
+export async function matchIndex(given: string, expected: readonly string[]): Promise<number> {
   const results = await Promise.all(expected.map((e) => secretEquals(given, e)));
-  return results.includes(true);
+  return results.indexOf(true);
 }
 
 /** The label of an API key in metrics and logs: a short hash, never the key. */

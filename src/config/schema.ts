@@ -105,6 +105,8 @@ export const NodeSchema = strictObject({
   // SPEC 8: the node can prefill a request itself as a decode node (conditional disaggregation);
   // absent: true for vllm / vllm-mooncake decode-capable nodes, false under sglang (localPrefillOf)
   localPrefill: v.optional(v.boolean()),
+  // SPEC 9: the node runs vLLM with --scheduling-policy priority: its requests carry `priority` from their tier
+  priorityScheduling: v.optional(v.boolean()),
   // Only NODE_* secrets: whoever edits the document must not be able to make the router send
   // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
@@ -176,6 +178,9 @@ const SignalsSchema = strictObject({
 const AdmissionSchema = strictObject({
   queueMs: v.optional(int({ min: 0, minMessage: "must be 0 (no waiting) or more", max: 600_000, maxMessage: "must be at most 600000 (10 minutes)" }), 30_000),
   maxQueued: v.optional(int({ min: 0, minMessage: "must be 0 (no queue) or more", max: 100_000, maxMessage: "must be at most 100000" }), 1000),
+  // SPEC 9: a flex request predicted to miss this TTFT is refused at once; fair share across API keys
+  ttftSloMs: v.optional(v.nullable(positiveInt({ max: 600_000, maxMessage: "must be at most 600000 (10 minutes)" })), null),
+  fairShare: v.optional(oneOf(["apiKey", "none"]), "apiKey"),
 });
 
 export const ClusterDocumentSchema = strictObject({
@@ -294,6 +299,8 @@ function usabilityProblems(config: ClusterConfig): Problem[] {
     // an SGLang decode-mode server only decodes what a prefill server sent it (SPEC 8)
     config.nodes.forEach((n, i) => {
       if (n.localPrefill === true) problems.push({ path: `nodes[${i}].localPrefill`, message: 'must not be true under protocol "sglang"' });
+      // vLLM's priority field; SGLang's has its own scale and flags
+      if (n.priorityScheduling === true) problems.push({ path: `nodes[${i}].priorityScheduling`, message: 'must not be true under protocol "sglang" (it sets vLLM\'s priority)' });
     });
   }
   if (DISAGGREGATED_PROTOCOLS.includes(config.protocol)) {

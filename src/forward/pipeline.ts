@@ -1,6 +1,7 @@
 import type { Role } from "../routing/types";
 import { readFirstEvent } from "./decode-source";
 import type { RequestLife } from "./lifecycle";
+import { withPriority } from "./priority";
 import type { PrefillUsage } from "./stream";
 import { Leg, UpstreamFailure, type UpstreamNode } from "./upstream";
 
@@ -18,6 +19,8 @@ export interface ForwardContext {
   /** failover attempts after the first, per leg */
   retries: number;
   resolve(id: string): UpstreamNode;
+  /** vLLM's `priority` for this request on that node, or undefined when the node runs no priority scheduling (forward/priority.ts) */
+  priorityOf?(id: string): number | undefined;
   sleep(ms: number): Promise<void>;
   /** the shortest retry-after the busy nodes of this request gave (ms), for the client should all be busy */
   busyRetryAfterMs?: number;
@@ -94,7 +97,10 @@ export function sendLeg(
   signal = ctx.life.signal,
   headers?: Record<string, string>,
 ): Promise<Leg> {
-  return Leg.send({ leg: role, node, path: ctx.path, body, upstreamId, trace: ctx.life.trace, signal, timeoutMs, headers });
+  // set per node: a failover to a node without priority scheduling must not carry it
+  const priority = ctx.priorityOf?.(node.id);
+  const sent = priority === undefined ? body : withPriority(body, priority);
+  return Leg.send({ leg: role, node, path: ctx.path, body: sent, upstreamId, trace: ctx.life.trace, signal, timeoutMs, headers });
 }
 
 /**

@@ -7,6 +7,8 @@ import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
 import type { HistoryPoint } from "../state/node-history";
 import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
+import { TIERS } from "../state/admission-queue";
+import { ADMISSION_REFUSALS } from "../state/edge-admission";
 import type { Role } from "../routing/types";
 import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
@@ -19,7 +21,6 @@ export interface MetricsInput {
 }
 
 const BREAKER_STATES = ["closed", "open", "half_open"] as const;
-const ADMISSION_REJECTIONS = ["queue_full", "timeout"] as const;
 
 type Node = ClusterSnapshot["nodes"][number];
 const family = (name: string, type: "counter" | "gauge", help: string, samples: Sample[]): MetricFamily => ({ name: `pd_router_${name}`, help, type, samples });
@@ -177,13 +178,24 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       "1 when the KV guard finds it busy.",
       signal((s) => s.busy),
     ),
-    family("admission_queued", "gauge", "Requests waiting at the edge.", one(admission.queued)),
+    family(
+      "admission_queued",
+      "gauge",
+      "Requests waiting at the edge, by tier.",
+      TIERS.map((tier) => ({ labels: { tier }, value: admission.queuedByTier?.find((q) => q.tier === tier)?.count ?? 0 })),
+    ),
     histogram("admission_wait_seconds", "Edge wait of admitted requests.", admission.wait),
     family(
       "admission_rejected_total",
       "counter",
       "Requests refused at the edge.",
-      ADMISSION_REJECTIONS.map((reason) => ({ labels: { reason }, value: admission.rejected.find((r) => r.reason === reason)?.count ?? 0 })),
+      ADMISSION_REFUSALS.flatMap((reason) =>
+        TIERS.map((tier) => ({
+          labels: { reason, tier },
+          // an object from before tiers counted its refusals without one: they were all `default`
+          value: admission.rejected.find((r) => r.reason === reason && (r.tier ?? "default") === tier)?.count ?? 0,
+        })),
+      ),
     ),
     family("leases", "gauge", "Requests holding a lease.", one(snapshot.leases)),
     family("leases_expired_total", "counter", "Leases expired unreleased.", one(snapshot.expiredLeases)),
@@ -300,6 +312,7 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
     latency: { ttfb: histogram((s) => s.latency.ttfb), prefill: histogram((s) => s.latency.prefill) },
     admission: {
       queued: total(all, (s) => s.admission.queued),
+      queuedByTier: sum((s) => s.admission.queuedByTier ?? []),
       wait: histogram((s) => s.admission.wait),
       rejected: sum((s) => s.admission.rejected),
     },

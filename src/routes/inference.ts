@@ -15,7 +15,9 @@ import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
 import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-reader";
-import { chargeRateLimit } from "../auth/client-access";
+import { chargeRateLimit, type ClientKey } from "../auth/client-access";
+import { requestTier, tierOf } from "../auth/service-tier";
+import { vllmPriorityOf } from "../forward/priority";
 import { nodeAccess } from "../forward/node-fetch";
 import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
@@ -33,7 +35,7 @@ import { responseKeyMaterial } from "../routing/affinity-key";
 import { batchFeed, MAX_BATCH_PROMPTS, mergeCompletions, type CompletionObject } from "../forward/batch";
 import { checkInferenceRequest, parseInferenceRequest, parseJsonObject, type InferenceRequest, type RequestKind } from "./request-schema";
 
-export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string } };
+export type AppEnv = { Bindings: Env; Variables: { requestId: string; keyLabel?: string; rateLimitKey?: string; clientKey?: ClientKey } };
 type Ctx = Context<AppEnv>;
 
 const PROTOCOLS: Record<Protocol, (ctx: ForwardContext) => Promise<DecodeAnswer>> = {
@@ -90,6 +92,10 @@ export async function buildRouteRequest(
   const prefixHashes = text !== null ? await prefixBlockHashes(text, policy.cacheAware.blockChars) : [];
   const promptChars = oneHop ? 0 : text !== null ? text.length : promptCharCount(body, kind);
   const key = cacheAware ? conversationKey(affinity, prefixHashes) : affinity;
+  // SPEC 9: its band in the edge queue (the body's service_tier, validated by the request schema,
+  // capped by the key's tier) and whose fair share it counts against
+  const clientKey = c.get("clientKey");
+  const tier = requestTier(tierOf(body.service_tier), clientKey?.tier ?? null);
   // the object of the pool that serves this model (one for the whole cluster unless model sets are disjoint)
   const pool = poolFor(config, model);
   const view = clusterView(config, snapshot.version, pool);
@@ -110,6 +116,8 @@ export async function buildRouteRequest(
       dryRun,
       ...(oneHop ? { oneHop } : {}),
       ...(pinned ? { pinned } : {}),
+      ...(tier !== "default" ? { tier } : {}),
+      ...(clientKey ? { flow: clientKey.label } : {}),
     },
   };
 }
@@ -148,12 +156,32 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" } 
   switch (error.kind) {
     case "decode_busy":
     case "cluster_busy": {
-      const why = error.kind === "cluster_busy" && error.reason === "queue_full" ? "the queue is full" : "none freed up in time";
+      const why =
+        error.kind !== "cluster_busy" || error.reason === "timeout"
+          ? "none freed up in time"
+          : error.reason === "shed"
+            ? "a request of a higher service tier took this one's place"
+            : "the queue is full";
       const retryAfter = error.kind === "cluster_busy" ? error.retryAfterS : 1;
       return new RouterError(503, `Every decode node is busy and ${why}.`, "service_unavailable", "cluster_busy", null, {
         "retry-after": String(retryAfter),
       });
     }
+    case "fair_share_exceeded":
+      return new RouterError(429, "Your API key holds more than its share of the requests waiting for a decode node.", "rate_limit_error", "fair_share_exceeded", null, {
+        "retry-after": String(error.retryAfterS),
+      });
+    case "slo_unmeetable":
+      return new RouterError(
+        503,
+        `A flex request would wait about ${error.predictedMs} ms for a decode node, beyond admission.ttftSloMs.`,
+        "service_unavailable",
+        "slo_unmeetable",
+        null,
+        {
+          "retry-after": String(error.retryAfterS),
+        },
+      );
     case "client_gone":
       return new RouterError(499 as 503, "The request ended while it waited for a decode node.", "upstream_error", "client_closed_request");
     case "no_nodes":
@@ -293,6 +321,8 @@ async function route(
       timeouts: config.timeouts,
       retries: RETRIES,
       resolve: (id) => upstreamNode(env, nodes!.get(id)!),
+      // SPEC 9: vLLM's own `priority` from the tier, on nodes that run its priority scheduling
+      priorityOf: (id) => (nodes!.get(id)?.priorityScheduling === true ? vllmPriorityOf(request.tier ?? "default") : undefined),
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
     // conditional disaggregation may have D prefill alone: no P leg, D's body without a handle

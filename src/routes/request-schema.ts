@@ -1,5 +1,6 @@
 import * as v from "valibot";
-import { check, gtValue, integer, looseObject, minLength, minValue, renderPath } from "../config/validation";
+import { SERVICE_TIERS } from "../auth/service-tier";
+import { check, gtValue, integer, looseObject, minLength, minValue, oneOf, renderPath } from "../config/validation";
 import { badRequest } from "../errors";
 
 // Only what the router itself relies on is checked; every other field passes through to the
@@ -22,6 +23,8 @@ const common = {
   max_tokens: tokenLimit,
   max_completion_tokens: tokenLimit,
   stream_options: v.optional(v.nullable(looseObject({ include_usage: v.optional(v.boolean()) }))),
+  // SPEC 9: the request's band in the edge queue (OpenAI's values; `auto` is `default`)
+  service_tier: v.optional(v.nullable(oneOf(SERVICE_TIERS))),
 };
 
 export const ChatRequestSchema = looseObject({
@@ -47,6 +50,7 @@ export const ResponsesRequestSchema = looseObject({
   model: common.model,
   stream: common.stream,
   user: common.user,
+  service_tier: common.service_tier,
   input: v.union([v.string(), v.array(looseObject({}))]),
   instructions: v.optional(v.nullable(v.string(STRING))),
   max_output_tokens: v.optional(v.nullable(v.pipe(v.number(), integer(), gtValue(0)))),

@@ -63,7 +63,7 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
       warnings: usageDetailsWarnings(snapshot.nodes),
       // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
       history: snapshot.history,
-      admission: { queued: snapshot.admission.queued, rejected: snapshot.admission.rejected },
+      admission: { queued: snapshot.admission.queued, queuedByTier: snapshot.admission.queuedByTier ?? [], rejected: snapshot.admission.rejected },
       decisions: snapshot.decisions,
       // where each request was prefilled and why (x-pd-mode, its reason): the page lists those seen
       disagg: snapshot.disagg,

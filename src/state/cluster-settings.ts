@@ -7,7 +7,7 @@ import type { ClusterView } from "./types";
 // before the document had these blocks.
 
 const DEFAULT_SIGNALS: SignalSettings = { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8 };
-const DEFAULT_ADMISSION: AdmissionSettings = { queueMs: 30_000, maxQueued: 1_000 };
+const DEFAULT_ADMISSION: AdmissionSettings = { queueMs: 30_000, maxQueued: 1_000, ttftSloMs: null, fairShare: "apiKey" };
 
 export const signalsOf = (c: ClusterView): SignalSettings => c.signals ?? DEFAULT_SIGNALS;
 export const admissionOf = (c: ClusterView): AdmissionSettings => c.admission ?? DEFAULT_ADMISSION;

@@ -86,14 +86,25 @@ export class ClusterState extends DurableObject {
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
     this.#sweep(now);
-    // first come first served: those already waiting get what has freed before a newcomer does
+    // first come first served: those already waiting get what has freed before a newcomer does,
+    // and a newcomer that ranks behind a request still waiting for the same nodes joins the queue
+    // behind it rather than taking what that one could not (SPEC 8; issue 25 item 6)
     if (!req.dryRun && this.#admission.size > 0) this.#admitWaiting();
-    const routed = this.#decide(req, cluster, now, req.oneHop !== true);
-    if (routed.ok || routed.error.kind !== "decode_busy") return routed;
-    // a dry run: what it would get once a node frees (the picks without the guard)
-    if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
+    const admission = admissionOf(cluster);
+    const behind = req.oneHop !== true && this.#admission.waitsBehind(req, now, admission);
+    // a dry run behind waiting requests of its model: it would wait too, for the nodes it would get
+    if (req.dryRun && behind) {
+      const picked = this.#decide(req, cluster, now, false);
+      return this.#admission.wouldWait(picked, picked.ok ? picked.decision.decode.candidates : []);
+    }
+    if (!behind) {
+      const routed = this.#decide(req, cluster, now, req.oneHop !== true);
+      if (routed.ok || routed.error.kind !== "decode_busy") return routed;
+      // a dry run: what it would get once a node frees (the picks without the guard)
+      if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
+    }
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
-    const admitted = this.#admission.wait(req, req.leaseId ?? this.#leases.newId(now), now, admissionOf(cluster), retryAfterSOf(cluster));
+    const admitted = this.#admission.wait(req, req.leaseId ?? this.#leases.newId(now), now, admission, retryAfterSOf(cluster));
     this.#armWake();
     return admitted;
   }
@@ -268,6 +279,7 @@ export class ClusterState extends DurableObject {
   /** A decode lease ended: the projection frees its tokens, and a waiting request may fit now. */
   #freed(lease: NodeLease): void {
     this.signals.released(lease.decode, lease.tokens);
+    this.#admission.released(Date.now());
     if (this.#admission.size > 0) queueMicrotask(() => this.#admitWaiting());
   }
 

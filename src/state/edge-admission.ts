@@ -1,9 +1,9 @@
 import type { ScoredCandidate } from "../routing/types";
-import { AdmissionQueue, type AdmissionSettings } from "./admission-queue";
+import { AdmissionQueue, TIERS, type AdmissionSettings, type QueueRefusal, type Tier, type WaiterClass } from "./admission-queue";
 import { retryAfterSOf } from "./cluster-settings";
 import { newHistogram, observe } from "./histogram";
 import type { LeaseTable } from "./leases";
-import type { ClusterSnapshot, ClusterView, RouteRequest, RouteResponse } from "./types";
+import type { AdmissionError, ClusterSnapshot, ClusterView, RouteRequest, RouteResponse } from "./types";
 
 /**
  * A request admitted after waiting holds its lease only this long until its Worker confirms it
@@ -13,6 +13,28 @@ import type { ClusterSnapshot, ClusterView, RouteRequest, RouteResponse } from "
 export const ADMISSION_RESERVATION_MS = 5_000;
 /** Seconds a request may wait at the edge: 10 ms to 10 minutes (admission.queueMs at most). */
 const ADMISSION_WAIT_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+/** The pool's recent decode-lease releases the wait estimate reads: the last minute, at most this many. */
+const RELEASE_WINDOW_MS = 60_000;
+const RELEASES_KEPT = 512;
+
+/** Every reason a request is refused at the edge (the metric's `reason` label). */
+export const ADMISSION_REFUSALS = ["queue_full", "timeout", "shed", "fair_share_exceeded", "slo_unmeetable"] as const;
+type Refusal = (typeof ADMISSION_REFUSALS)[number];
+
+/**
+ * The TTFT a request that must wait can expect, as far as the edge knows: its place in the queue
+ * (the waiters it competes with ahead of it, plus itself) over the pool's recent rate of freed
+ * decode leases, measured over at least a second. It counts the queue's wait only (not the
+ * prefill or the first step), so it errs low: it sheds only what cannot make it. null when no
+ * lease ended in the last minute: nothing to go by, nothing shed. The TTFT predictor (issue 23
+ * item 2) replaces this function.
+ */
+export function predictQueuedTtftMs(ahead: number, releases: readonly number[], now: number): number | null {
+  const recent = releases.filter((t) => t > now - RELEASE_WINDOW_MS);
+  if (recent.length === 0) return null;
+  const perMs = recent.length / Math.max(1_000, now - recent[0]!);
+  return (ahead + 1) / perMs;
+}
 
 /** A route call waiting in the queue, and how to answer it. */
 interface QueuedRoute {
@@ -20,22 +42,32 @@ interface QueuedRoute {
   answer: (r: RouteResponse) => void;
 }
 
-type Refusal = "queue_full" | "timeout";
+/** The band a request waits in and the flow it counts against (fair share off: one flow). */
+export const waiterClassOf = (req: RouteRequest, s: AdmissionSettings): WaiterClass => ({
+  tier: req.tier ?? "default",
+  flow: s.fairShare === "none" ? "" : (req.flow ?? ""),
+});
+
+/** Requests that want the same capacity: same model, neither pinned to its own nodes. */
+const competes = (a: RouteRequest, b: RouteRequest): boolean => !a.pinned && !b.pinned && a.model === b.model;
 
 /**
- * Admission at the edge (issue 17 item 3): route calls that found every decode node busy wait
- * here, first come first served, holding nothing upstream, and are offered what frees; one
- * admitted after waiting holds its lease as a reservation until its Worker confirms it. Plain
- * data with the clock passed in: the object says when capacity may have freed (`offer`) and keeps
- * one timer for `nextWake`.
+ * Admission at the edge (issue 17 item 3, SPEC 8 and 9): route calls that found every decode node
+ * busy wait here, in admission order (admission-queue.ts: tier, fair share across API keys,
+ * deadline), holding nothing upstream, and are offered what frees; one admitted after waiting
+ * holds its lease as a reservation until its Worker confirms it. Plain data with the clock passed
+ * in: the object says when capacity may have freed (`offer`) and keeps one timer for `nextWake`.
+ * Every waiter ends exactly once: admitted, refused (timeout, shed, fair share) or gone.
  */
 export class EdgeAdmission {
   readonly #queue = new AdmissionQueue<QueuedRoute>();
   /** leases admitted from the queue and not yet confirmed by their Worker, until when */
   readonly #reservations = new Map<string, number>();
-  /** how long admitted requests waited, and the requests refused by reason */
+  /** how long admitted requests waited, and the requests refused by reason and tier */
   readonly #wait = newHistogram(ADMISSION_WAIT_BOUNDS);
-  readonly #rejected = new Map<Refusal, number>();
+  readonly #rejected = new Map<string, { reason: Refusal; tier: Tier; count: number }>();
+  /** when the pool's decode leases ended lately (the wait estimate's rate) */
+  readonly #releases: number[] = [];
 
   /** requests waiting now */
   get size(): number {
@@ -48,13 +80,34 @@ export class EdgeAdmission {
   }
 
   /**
-   * A route call found every decode node busy: it waits for one under `ticket` (its lease id), or
-   * is refused at once (503 cluster_busy) when the queue is full or `queueMs` is 0.
+   * First come, first served per pool (SPEC 8): a newcomer must not overtake a waiting request it
+   * competes with (same model) that ranks before it, even when the nodes would take the newcomer
+   * now (a smaller request, say); it joins the queue behind it instead.
+   */
+  waitsBehind(req: RouteRequest, now: number, s: AdmissionSettings): boolean {
+    if (this.#queue.size === 0 || req.pinned) return false;
+    return this.#queue.ahead(this.#queue.probe(waiterClassOf(req, s), now, s), (w) => competes(w.item.req, req)) > 0;
+  }
+
+  /**
+   * A route call found every decode node busy (or must wait behind those that did): it waits for
+   * one under `ticket` (its lease id), or is refused at once — 503 cluster_busy when the queue is
+   * full or `queueMs` is 0, 429 fair_share_exceeded when its key holds more than its share of a
+   * full queue, 503 slo_unmeetable for a `flex` request whose predicted TTFT exceeds `ttftSloMs`.
+   * A request of a higher tier (or a key under its share) pushes out the last waiter of a full queue.
    */
   wait(req: RouteRequest, ticket: string, now: number, s: AdmissionSettings, retryAfterS: number): Promise<RouteResponse> {
     return new Promise<RouteResponse>((answer) => {
-      const waiter = s.queueMs > 0 ? this.#queue.enqueue(ticket, { req: { ...req, leaseId: ticket }, answer }, now, s) : null;
-      if (!waiter) this.#refuse(answer, "queue_full", retryAfterS);
+      const cls = waiterClassOf(req, s);
+      if (s.queueMs <= 0) return this.#refuse(answer, "queue_full", cls.tier, retryAfterS);
+      if (cls.tier === "flex" && s.ttftSloMs != null) {
+        const ahead = this.#queue.ahead(this.#queue.probe(cls, now, s), (w) => competes(w.item.req, req));
+        const predicted = predictQueuedTtftMs(ahead, this.#releases, now);
+        if (predicted !== null && predicted > s.ttftSloMs) return this.#refuse(answer, "slo_unmeetable", cls.tier, Math.max(1, Math.ceil(predicted / 1000)), predicted);
+      }
+      const joined = this.#queue.enqueue(ticket, { req: { ...req, leaseId: ticket }, answer }, cls, now, s);
+      if (!joined.ok) return this.#refuse(answer, joined.reason, cls.tier, retryAfterS);
+      if (joined.evicted) this.#refuse(joined.evicted.waiter.item.answer, joined.evicted.reason, joined.evicted.waiter.tier, retryAfterS);
     });
   }
 
@@ -62,6 +115,12 @@ export class EdgeAdmission {
   leave(ticket: string): void {
     this.#queue.leave(ticket)?.item.answer({ ok: false, error: { kind: "client_gone" } });
     this.#reservations.delete(ticket);
+  }
+
+  /** A decode lease of the pool ended: capacity freed (the rate the wait estimate reads). */
+  released(now: number): void {
+    this.#releases.push(now);
+    while (this.#releases.length > RELEASES_KEPT || (this.#releases[0] ?? now) <= now - RELEASE_WINDOW_MS) this.#releases.shift();
   }
 
   /** A dry run (/v1/route) that would wait: the picks it would get once a node frees, the decode candidates as they are now, the queue it would join. */
@@ -80,15 +139,16 @@ export class EdgeAdmission {
   }
 
   /**
-   * Offers the waiting requests, oldest first, what the nodes can take now (`route`: selection
-   * with the guard and, when admitted, the lease taken); expires those whose time ran out (503
-   * cluster_busy). An admitted request's lease becomes a reservation until its Worker confirms it.
+   * Offers the waiting requests, in admission order, what the nodes can take now (`route`:
+   * selection with the guard and, when admitted, the lease taken); expires those whose time ran
+   * out (503 cluster_busy). An admitted request's lease becomes a reservation until its Worker
+   * confirms it.
    */
   offer(now: number, cluster: ClusterView | null, leases: LeaseTable, route: (req: RouteRequest) => RouteResponse): void {
     // confirmed, released or expired: no longer a reservation to watch
     for (const [id, until] of this.#reservations) if (until <= now || !leases.get(id)) this.#reservations.delete(id);
     const retryAfterS = retryAfterSOf(cluster);
-    for (const w of this.#queue.expire(now)) this.#refuse(w.item.answer, "timeout", retryAfterS);
+    for (const w of this.#queue.expire(now)) this.#refuse(w.item.answer, "timeout", w.tier, retryAfterS);
     // Requests for the same model see the same decode nodes: once one is refused in this pass, the
     // rest are too (a pinned request depends on its own node, so it is always tried).
     const refused = new Set<string>();
@@ -127,13 +187,35 @@ export class EdgeAdmission {
     return at;
   }
 
-  /** Requests waiting now, how long the admitted ones waited, and those refused by reason (/metrics, the status page). */
+  /** Requests waiting now (in all and per tier), how long the admitted ones waited, and those refused by reason and tier (/metrics, the status page). */
   status(): ClusterSnapshot["admission"] {
-    return { queued: this.#queue.size, wait: this.#wait, rejected: [...this.#rejected].map(([reason, count]) => ({ reason, count })) };
+    const byTier = this.#queue.countByTier();
+    return {
+      queued: this.#queue.size,
+      queuedByTier: TIERS.map((tier) => ({ tier, count: byTier[tier] })),
+      wait: this.#wait,
+      rejected: [...this.#rejected.values()].map((r) => ({ ...r })),
+    };
   }
 
-  #refuse(answer: (r: RouteResponse) => void, reason: Refusal, retryAfterS: number): void {
-    this.#rejected.set(reason, (this.#rejected.get(reason) ?? 0) + 1);
-    answer({ ok: false, error: { kind: "cluster_busy", reason, retryAfterS } });
+  #refuse(answer: (r: RouteResponse) => void, reason: Refusal | QueueRefusal, tier: Tier, retryAfterS: number, predictedMs = 0): void {
+    const key = `${reason}/${tier}`;
+    const counted = this.#rejected.get(key) ?? { reason, tier, count: 0 };
+    counted.count++;
+    this.#rejected.set(key, counted);
+    answer({ ok: false, error: admissionError(reason, retryAfterS, predictedMs) });
+  }
+}
+
+function admissionError(reason: Refusal, retryAfterS: number, predictedMs: number): AdmissionError {
+  switch (reason) {
+    case "fair_share_exceeded":
+      return { kind: "fair_share_exceeded", retryAfterS };
+    case "slo_unmeetable":
+      return { kind: "slo_unmeetable", predictedMs: Math.round(predictedMs), retryAfterS };
+    case "queue_full":
+    case "timeout":
+    case "shed":
+      return { kind: "cluster_busy", reason, retryAfterS };
   }
 }

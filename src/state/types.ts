@@ -1,7 +1,7 @@
 import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
 import type { NodeReach } from "../config/schema";
 import type { UsageDetailsVerdict } from "../observability/usage-details";
-import type { AdmissionSettings } from "./admission-queue";
+import type { AdmissionSettings, Tier } from "./admission-queue";
 import type { EngineUsage } from "./cache-feedback";
 import type { SignalSettings } from "./engine-signals";
 import type { BreakerState, HealthSettings } from "./health";
@@ -66,12 +66,20 @@ export interface RouteRequest {
   oneHop?: boolean;
   /** the route's metric label (counted here if the lease expires unreleased) */
   route?: string;
+  /** the request's service tier (SPEC 9): its band in the edge queue; absent: default */
+  tier?: Tier;
+  /** whose fair share it counts against in the edge queue: its API key's label; absent: nobody's */
+  flow?: string;
 }
 
 /** Why a request that waited at the edge was not admitted. */
 export type AdmissionError =
-  /** every decode node is busy: the queue is full, or the request waited `queueMs` */
-  | { kind: "cluster_busy"; reason: "queue_full" | "timeout"; retryAfterS: number }
+  /** every decode node is busy: the queue is full, the request waited `queueMs`, or one of a higher tier took its place */
+  | { kind: "cluster_busy"; reason: "queue_full" | "timeout" | "shed"; retryAfterS: number }
+  /** its API key holds more than its share of a full queue while other keys wait (429) */
+  | { kind: "fair_share_exceeded"; retryAfterS: number }
+  /** a `flex` request whose predicted TTFT exceeds admission.ttftSloMs, refused at once */
+  | { kind: "slo_unmeetable"; predictedMs: number; retryAfterS: number }
   /** the request left the queue (its client left) */
   | { kind: "client_gone" };
 
@@ -182,8 +190,14 @@ export interface ClusterSnapshot {
   disagg: Array<{ mode: string; reason: string; count: number }>;
   prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
   latency: { ttfb: Histogram; prefill: Histogram };
-  /** requests waiting at the edge now, how long the admitted ones waited, and the ones refused by reason */
-  admission: { queued: number; wait: Histogram; rejected: Array<{ reason: string; count: number }> };
+  /** requests waiting at the edge now (in all and per tier), how long the admitted ones waited, and the ones refused by reason and tier */
+  admission: {
+    queued: number;
+    /** absent in a snapshot from an object that predates tiers */
+    queuedByTier?: Array<{ tier: string; count: number }>;
+    wait: Histogram;
+    rejected: Array<{ reason: string; tier?: string; count: number }>;
+  };
   /** the last minutes of per-node figures (status page charts) */
   history: HistoryPoint[];
   now: number;

@@ -15,7 +15,11 @@ const fronts: Record<string, MetricsFront> = {};
 const busy = { mode: "override" as const, values: { kvUsage: 0.99, waiting: 0, running: 4 } };
 const free = { mode: "override" as const, values: { kvUsage: 0.2, waiting: 0, running: 1 } };
 
-const gauge = async (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(await rig.metrics())?.[1] ?? "NaN");
+/** A gauge summed over its series (pd_router_admission_queued has one per tier); NaN when absent. */
+const gauge = async (name: string) => {
+  const values = [...(await rig.metrics()).matchAll(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "gm"))].map((m) => Number(m[1]));
+  return values.length ? values.reduce((a, b) => a + b, 0) : Number.NaN;
+};
 
 beforeAll(async () => {
   for (const id of ["p0", "d0"]) fronts[id] = await startMetricsFront();

@@ -1,6 +1,6 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import { ADMISSION_RESERVATION_MS } from "../../src/state/cluster-state";
-import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
 
 // Admission at the edge (SPEC 8): when every decode node that could serve a request is busy, it
 // waits in the pool's object, first come first served, holding nothing upstream.
@@ -23,27 +23,41 @@ beforeEach(async () => {
 });
 
 describe("every decode node busy", () => {
-  it("requests wait, are admitted in arrival order as capacity frees, and say how long they waited", async () => {
+  it("requests wait, are admitted in arrival order one at a time as capacity frees, and say how long they waited", async () => {
     // d1 busy; d0 busy until its next poll
     await setMetrics("d1", kv(0.97));
     await setMetrics("d0", kv(0.95));
     await putNodes(PD);
     await poll();
+    const first = new AbortController();
     const answers: Array<Promise<Response>> = [];
     for (const name of ["first", "second", "third"]) {
       // ~130 characters of prompt: ~34 tokens at the default 4 characters a token, 0.17 of d0's 200
       const body = chatBody(`${name} ${"x".repeat(120)}`);
-      answers.push(post("/v1/chat/completions", body, { headers: { "content-type": "application/json", "x-request-id": `adm-${name}` } }));
+      const init = { headers: { "content-type": "application/json", "x-request-id": `adm-${name}` }, ...(name === "first" ? { signal: first.signal } : {}) };
+      answers.push(post("/v1/chat/completions", body, init));
       await waitFor(`${name} queued`, queued, (n) => n === answers.length);
     }
     expect(await decodeLegs("d0")).toHaveLength(0);
     expect((await snapshot()).leases).toBe(0);
 
     // d0's next poll shows room for one request at a time (0.7 of 200 tokens: 0.7 + 0.17 is under
-    // kvBusy, 0.7 + 2 x 0.17 is not): each release admits the next, so d0 sees them in order
+    // kvBusy, 0.7 + 2 x 0.17 is not). The first one's D leg hangs, so it holds d0's room: the
+    // other two must still be waiting (a guard that forgot the request's own tokens admits all three).
+    await engineFault("d0", { mode: "hang", count: 1 });
     await setMetrics("d0", kv(0.7, { capacityTokens: 200 }));
     await poll();
-    const done = await Promise.all(answers);
+    await waitFor(
+      "the first reached d0",
+      () => decodeLegs("d0"),
+      (legs) => legs.length === 1,
+    );
+    const held = await snapshot();
+    expect([held.admission.queued, held.leases]).toEqual([2, 1]);
+    // its client leaves: its room frees, and the rest follow one by one, in order
+    first.abort();
+    await answers[0]!.catch(() => null);
+    const done = await Promise.all(answers.slice(1));
     for (const res of done) {
       expect(res.status, await res.clone().text()).toBe(200);
       expect(res.headers.get("x-pd-decode")).toBe("d0");
@@ -54,6 +68,31 @@ describe("every decode node busy", () => {
     expect(order).toEqual(["adm-first", "adm-second", "adm-third"]);
     const s = await waitFor("released", snapshot, (x) => x.leases === 0 && x.admission.queued === 0);
     expect(s.admission.wait.count).toBeGreaterThanOrEqual(3);
+  });
+
+  it("a later request that would fit waits behind an earlier one that does not (first come, first served per pool)", async () => {
+    await setMetrics("d1", kv(0.97));
+    await setMetrics("d0", kv(0.7, { capacityTokens: 200 }));
+    await putNodes(PD);
+    await poll();
+    // ~600 characters: ~150 tokens, 0.75 of d0's 200: never fits over 0.7 of it
+    const large = post("/v1/chat/completions", chatBody(`large ${"x".repeat(600)}`), { headers: { "content-type": "application/json", "x-request-id": "fcfs-large" } });
+    await waitFor("the large one queued", queued, (n) => n === 1);
+    // ~34 tokens: d0 could take it now, but the large one came first
+    const small = post("/v1/chat/completions", chatBody(`small ${"x".repeat(120)}`), { headers: { "content-type": "application/json", "x-request-id": "fcfs-small" } });
+    await waitFor("the small one queued behind it", queued, (n) => n === 2);
+    expect(await decodeLegs("d0")).toHaveLength(0);
+    // /v1/route says so too: a request of that model would wait behind them
+    const dry = (await (await post("/v1/route", chatBody(`dry ${"x".repeat(120)}`))).json()) as { admission: unknown };
+    expect(dry.admission).toEqual({ wait: true, queued: 2 });
+    await setMetrics("d0", kv(0.1));
+    await poll();
+    for (const res of await Promise.all([large, small])) {
+      expect(res.status, await res.clone().text()).toBe(200);
+      await res.arrayBuffer();
+    }
+    const order = (await decodeLegs("d0")).map((r) => r.headers["x-request-id"]?.split("-").slice(0, 2).join("-"));
+    expect(order).toEqual(["fcfs-large", "fcfs-small"]);
   });
 
   it("503 cluster_busy with retry-after once admission.queueMs has passed, nothing sent upstream", async () => {
@@ -142,13 +181,18 @@ describe("a Worker whose handler is gone when its request is admitted", () => {
     await poll();
     const version = (await snapshot()).version!;
     // the route call a Worker makes; its handler is cancelled while it waits and never renews
+    const called = Date.now();
     const routed = stub().route({ version, model: "sim-model", key: null, prefixHashes: [], tokens: 10, dryRun: false, leaseId: "reservation-1", route: "/v1/chat/completions" });
     await waitFor("queued", queued, (n) => n === 1);
+    // it waits at least this long, whatever the machine's speed
+    await new Promise((r) => setTimeout(r, 300));
     await setMetrics("d1", kv(0.2));
     await poll();
     const answer = await routed;
-    expect(answer.ok).toBe(true);
-    expect(answer.ok && answer.queuedMs).toBeGreaterThanOrEqual(0);
+    const elapsed = Date.now() - called;
+    if (!answer.ok) throw new Error(`not admitted: ${JSON.stringify(answer.error)}`);
+    expect(answer.queuedMs).toBeGreaterThanOrEqual(300);
+    expect(answer.queuedMs).toBeLessThanOrEqual(elapsed);
     expect((await snapshot()).leases).toBe(1);
     const s = await waitFor("reservation released", snapshot, (x) => x.leases === 0, ADMISSION_RESERVATION_MS + 3000);
     expect(s.nodes.find((n) => n.id === "d1")!.inflight.decode).toBe(0);

@@ -17,7 +17,7 @@ describe("signals and admission in the cluster document", () => {
     const r = parseClusterDocument({ nodes });
     if (!r.ok) throw new Error(JSON.stringify(r.problems));
     expect(r.config.signals).toEqual({ intervalMs: 5000, staleMs: 15000, kvBusy: 0.9, queueBusy: 8 });
-    expect(r.config.admission).toEqual({ queueMs: 30000, maxQueued: 1000 });
+    expect(r.config.admission).toEqual({ queueMs: 30000, maxQueued: 1000, ttftSloMs: null, fairShare: "apiKey" });
   });
 
   it("name the bad field", () => {
@@ -29,6 +29,19 @@ describe("signals and admission in the cluster document", () => {
     expect(problems({ signals: { kvbusy: 0.5 } })).toEqual(["signals"]);
     expect(problems({ admission: { queueMs: -1 } })).toEqual(["admission.queueMs"]);
     expect(problems({ admission: { maxQueued: 1.5 } })).toEqual(["admission.maxQueued"]);
+  });
+
+  it("SPEC 9's admission fields and the node's priorityScheduling: bounds, and a bad field named", () => {
+    expect(problems({ admission: { ttftSloMs: 2000, fairShare: "none" } })).toEqual([]);
+    expect(problems({ admission: { ttftSloMs: null } })).toEqual([]);
+    expect(problems({ admission: { ttftSloMs: 0 } })).toEqual(["admission.ttftSloMs"]);
+    expect(problems({ admission: { ttftSloMs: 1.5 } })).toEqual(["admission.ttftSloMs"]);
+    expect(problems({ admission: { fairShare: "user" } })).toEqual(["admission.fairShare"]);
+    const flagged = [nodes[0], { ...nodes[1], priorityScheduling: true }];
+    expect(parseClusterDocument({ nodes: flagged }).ok).toBe(true);
+    const r = parseClusterDocument({ protocol: "sglang", nodes: flagged });
+    expect(r.ok ? [] : r.problems.map((p) => p.path)).toEqual(["nodes[1].priorityScheduling"]);
+    expect(problems({ nodes: [nodes[0], { ...nodes[1], priorityScheduling: "yes" }] })).toEqual(["nodes[1].priorityScheduling"]);
   });
 
   it("accept no waiting and no queue", () => {

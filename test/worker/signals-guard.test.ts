@@ -192,8 +192,10 @@ describe("signals in /metrics", () => {
     await setMetrics("d1", { mode: "none" });
     await putNodes(PD);
     const before = await (await SELFmetrics()).text();
-    expect(before).toContain("pd_router_admission_queued 0");
-    expect(before).toContain('pd_router_admission_rejected_total{reason="timeout"} 0');
+    for (const tier of ["priority", "default", "flex"]) {
+      expect(before).toContain(`pd_router_admission_queued{tier="${tier}"} 0`);
+      expect(before).toContain(`pd_router_admission_rejected_total{reason="timeout",tier="${tier}"} 0`);
+    }
     await poll();
     const text = await (await SELFmetrics()).text();
     expect(text).toContain('pd_router_node_kv_usage{node="d0"} 0.5');

@@ -52,6 +52,13 @@ export async function engineRequests(id: string): Promise<Array<{ path: string; 
   return (await fetch(`${signalsRig().simControlUrl}/engines/${id}/requests`)).json();
 }
 
+/** Makes a node's engine misbehave (sim/cluster.mjs `fault`: e.g. `{ mode: "hang", count: 1 }`). */
+export async function engineFault(id: string, fault: Record<string, unknown>): Promise<void> {
+  const res = await fetch(`${signalsRig().simControlUrl}/engines/${id}/fault`, { method: "POST", body: JSON.stringify(fault) });
+  if (!res.ok) throw new Error(`fault ${id}: ${res.status}`);
+  await res.arrayBuffer();
+}
+
 export async function resetEngines(): Promise<void> {
   await fetch(`${signalsRig().simControlUrl}/reset`, { method: "POST", body: "{}" });
 }

@@ -8,14 +8,15 @@ import type { RouteRequest, RouteResponse } from "../../../src/state/types";
 import { clusterView, decision, routeRequest, viewNode } from "./fixtures";
 
 const S = { queueMs: 1000, maxQueued: 3 };
+const DEFAULT = { tier: "default", flow: "" } as const;
 
 describe("the admission queue", () => {
   it("is bounded, first come first served, and lets a waiter leave", () => {
     const q = new AdmissionQueue<string>();
-    expect(q.enqueue("a", "A", 0, S)).not.toBeNull();
-    expect(q.enqueue("b", "B", 1, S)).not.toBeNull();
-    expect(q.enqueue("c", "C", 2, S)).not.toBeNull();
-    expect(q.enqueue("d", "D", 3, S)).toBeNull();
+    expect(q.enqueue("a", "A", DEFAULT, 0, S).ok).toBe(true);
+    expect(q.enqueue("b", "B", DEFAULT, 1, S).ok).toBe(true);
+    expect(q.enqueue("c", "C", DEFAULT, 2, S).ok).toBe(true);
+    expect(q.enqueue("d", "D", DEFAULT, 3, S)).toEqual({ ok: false, reason: "queue_full" });
     expect(q.leave("b")?.item).toBe("B");
     expect(q.leave("b")).toBeNull();
     const order: string[] = [];
@@ -26,8 +27,8 @@ describe("the admission queue", () => {
 
   it("expires waiters at their deadline and names the next one", () => {
     const q = new AdmissionQueue<string>();
-    q.enqueue("a", "A", 0, S);
-    q.enqueue("b", "B", 500, S);
+    q.enqueue("a", "A", DEFAULT, 0, S);
+    q.enqueue("b", "B", DEFAULT, 500, S);
     expect(q.nextDeadline()).toBe(1000);
     expect(q.expire(999)).toHaveLength(0);
     expect(q.expire(1000).map((w) => w.item)).toEqual(["A"]);
@@ -38,7 +39,7 @@ describe("the admission queue", () => {
     fc.assert(
       fc.property(fc.array(fc.constantFrom("m1", "m2"), { maxLength: 30 }), fc.nat(10), fc.nat(10), (models, room1, room2) => {
         const q = new AdmissionQueue<string>();
-        models.forEach((m, i) => q.enqueue(String(i), m, i, { queueMs: 1e9, maxQueued: 1000 }));
+        models.forEach((m, i) => q.enqueue(String(i), m, DEFAULT, i, { queueMs: 1e9, maxQueued: 1000 }));
         const room: Record<string, number> = { m1: room1, m2: room2 };
         const admitted: number[] = [];
         q.admit((w) => {
@@ -154,7 +155,7 @@ describe("waiting at the edge", () => {
     for (const id of ["a", "b", "c"]) void a.wait(routeRequest(), id, 0, S, 5);
     expect(await a.wait(routeRequest(), "d", 0, S, 5)).toEqual({ ok: false, error: { kind: "cluster_busy", reason: "queue_full", retryAfterS: 5 } });
     expect(await new EdgeAdmission().wait(routeRequest(), "e", 0, { queueMs: 0, maxQueued: 3 }, 1)).toMatchObject({ error: { reason: "queue_full" } });
-    expect(a.status().rejected).toEqual([{ reason: "queue_full", count: 1 }]);
+    expect(a.status().rejected).toEqual([{ reason: "queue_full", tier: "default", count: 1 }]);
   });
 
   it("503 cluster_busy timeout once queueMs has passed, with retry-after from signals.intervalMs", async () => {
@@ -167,7 +168,7 @@ describe("waiting at the edge", () => {
     await settle();
     expect(got).toEqual([["a", { ok: false, error: { kind: "cluster_busy", reason: "timeout", retryAfterS: 3 } }]]);
     expect(a.size).toBe(0);
-    expect(a.status().rejected).toEqual([{ reason: "timeout", count: 1 }]);
+    expect(a.status().rejected).toEqual([{ reason: "timeout", tier: "default", count: 1 }]);
   });
 
   it("a client that leaves: out of the queue, answered client_gone, never given a lease", async () => {
