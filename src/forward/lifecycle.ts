@@ -9,7 +9,7 @@ export interface LeaseState {
   route(req: RouteRequest): Promise<RouteResponse>;
   renew(leaseId: string): Promise<unknown>;
   prefillDone(leaseId: string, report: LegReport): Promise<unknown>;
-  failover(leaseId: string, role: Role, report: LegReport, wantNext: boolean): Promise<{ next: string | null }>;
+  failover(leaseId: string, role: Role, report: LegReport, wantNext: boolean): Promise<{ next: string | null; prefill?: string }>;
   finish(leaseId: string, report: FinishReport): Promise<unknown>;
   /** a newer document than the object holds, from a request waiting at the edge */
   syncView(view: ClusterView): Promise<unknown>;
@@ -67,6 +67,8 @@ export class RequestLife {
   reason: PdReason | null = null;
   /** D prefills alone (conditional disaggregation): P and D name the same node, whichever D serves */
   #localPrefill = false;
+  /** it was a local prefill whose D failed: now P then D (its uncached-token prediction was the first D's) */
+  #localFailedOver = false;
   /** the usage of the engine that prefilled, read when the finish report is made (P's may arrive late) */
   #engineUsage: (() => EngineUsage | null) | null = null;
   failOpen: Role[] = [];
@@ -216,10 +218,19 @@ export class RequestLife {
 
   /** Records a failed leg and asks for the next node of its role (null: none). Awaited: a retry needs it. */
   async failover(role: Role, report: LegReport, wantNext: boolean): Promise<string | null> {
-    const { next } = await this.#awaited(this.#o.state.failover(this.#leaseId, role, report, wantNext));
+    const { next, prefill } = await this.#awaited(this.#o.state.failover(this.#leaseId, role, report, wantNext));
     if (next) this.chosen[role] = next;
-    // a local prefill moves with its D (the object moved the lease's prefill part too)
-    if (next && role === "decode" && this.#localPrefill) this.chosen.prefill = next;
+    if (next && role === "decode" && this.#localPrefill) {
+      // a local prefill whose D failed goes P then D (the object moved the lease's prefill part to P);
+      // with no P to go through, it moves with its D
+      this.chosen.prefill = prefill ?? next;
+      if (prefill) {
+        this.#localPrefill = false;
+        this.mode = "disaggregated";
+        this.reason = "no_local_prefill";
+        this.#localFailedOver = true;
+      }
+    }
     return next;
   }
 
@@ -330,7 +341,7 @@ export class RequestLife {
       rule: this.decision ? `${this.decision.prefill.rule}/${this.decision.decode.rule}` : undefined,
       mode: this.mode ?? undefined,
       reason: this.reason ?? undefined,
-      uncachedTokens: this.decision?.tokens.uncachedOnDecode ?? undefined,
+      uncachedTokens: this.#localFailedOver ? undefined : (this.decision?.tokens.uncachedOnDecode ?? undefined),
       status: e.status,
       outcome: e.outcome,
       routeMs: this.timings.routeMs,

@@ -326,7 +326,8 @@ async function route(
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
     // conditional disaggregation may have D prefill alone: no P leg, D's body without a handle
-    const forward = oneHop ? forwardColocated : life.isLocalPrefill ? forwardLocalPrefill : PROTOCOLS[config.protocol];
+    const disaggregated = PROTOCOLS[config.protocol];
+    const forward = oneHop ? forwardColocated : life.isLocalPrefill ? (x: ForwardContext) => forwardLocalPrefill(x, disaggregated) : disaggregated;
     const answer = await forward(ctx);
     if (!oneHop) reportPrefillUsage(life, answer);
     life.timings.decodeMs = answer.decodeMs;

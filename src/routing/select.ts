@@ -130,12 +130,25 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
   const first = decode.value.decision;
   const guard = input.guard ?? null;
   const thresholds = { tokens: input.policy.localPrefillTokens, ratio: input.policy.localPrefillRatio };
-  // D prefills alone: the prefill role names D, with the P candidates looked at (if any)
+  // D prefills alone: the prefill role names D, with the P candidates looked at (if any). Its
+  // fallbacks are the P/D path: should D fail, the next D is no better placed to prefill alone
+  // (its share of the prompt was never judged), so the request goes P then D (issue 25 item 5).
+  const pdPath = (d: RoleDecision): string[] => {
+    const ranked = rankRole(prefillPoolFor(input, d.id));
+    return ranked.kind === "ok" ? [ranked.decision.id, ...ranked.decision.fallbacks].filter((id) => id !== d.id) : [];
+  };
   const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) =>
-    decided(input, { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: [], failOpen: false }, d, cursors, "local", reason);
+    decided(
+      input,
+      { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: pdPath(d), failOpen: false },
+      withPdFallbacks(d, decodePool, pdPath(d).length > 0),
+      cursors,
+      "local",
+      reason,
+    );
 
   // A turn that continues a stored response: only its D holds the state, so D serves it alone.
-  if (input.pinned === true) return servedLocally(first, [], "pinned");
+  if (input.pinned === true) return decided(input, { id: first.id, rule: "local_prefill", candidates: [], fallbacks: [], failOpen: false }, first, cursors, "local", "pinned");
 
   const strict = input.policy.pdGroup === "strict";
   const busyIds = new Set(first.candidates.filter((c) => c.busy === true).map((c) => c.id));
@@ -158,7 +171,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
       prefillBusy: null,
     };
     let answer: LocalPrefillAnswer = decideLocalPrefill(question);
-    if (answer.local) return servedLocally(localFallbacks(decodeDecision, decodePool), [], answer.reason);
+    if (answer.local) return servedLocally(decodeDecision, [], answer.reason);
 
     const prefillPool = prefillPoolFor(input, did);
     const ranked = strict ? rankRole(prefillPool, d.group) : rankRole(prefillPool);
@@ -175,7 +188,7 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
       answer = decideLocalPrefill({ ...question, prefillBusy: true });
       if (answer.local) {
         const peeked = prefill.candidates.map((c) => (c.id === prefill.id ? { ...c, queue: p?.signals?.queue ?? null, busy: true } : c));
-        return servedLocally(localFallbacks(decodeDecision, decodePool), peeked, answer.reason);
+        return servedLocally(decodeDecision, peeked, answer.reason);
       }
     }
     if (ranked.usedRoundRobin) cursors.prefill += 1;
@@ -209,9 +222,9 @@ function walkedTo(first: RoleDecision, passed: string[], id: string, pool: Pool)
   };
 }
 
-/** A local prefill fails over only to decode nodes that may prefill alone too. */
-function localFallbacks(d: RoleDecision, pool: Pool): RoleDecision {
-  return { ...d, fallbacks: d.fallbacks.filter((id) => nodeById(pool.nodes, id)?.localPrefill === true) };
+/** A local prefill fails over to any D when a P/D path exists (it goes P then D), else only to decode nodes that may prefill alone too. */
+function withPdFallbacks(d: RoleDecision, pool: Pool, pd: boolean): RoleDecision {
+  return pd ? d : { ...d, fallbacks: d.fallbacks.filter((id) => nodeById(pool.nodes, id)?.localPrefill === true) };
 }
 
 /** The prefill pool for a request whose D is `decodeId`: without that node while another may take work. */

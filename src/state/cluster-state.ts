@@ -137,7 +137,8 @@ export class ClusterState extends DurableObject {
     // the failed D never held the request's KV; the next one will
     if (role === "decode") this.signals.moved(moved.from, moved.next, moved.lease.tokens);
     this.health.picked(moved.next, now);
-    return { next: moved.next };
+    if (moved.prefill) this.health.picked(moved.prefill, now);
+    return moved.prefill ? { next: moved.next, prefill: moved.prefill } : { next: moved.next };
   }
 
   /** The request ended (completed, failed or aborted): release whatever the lease still holds, once. */

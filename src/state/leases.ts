@@ -173,7 +173,7 @@ export class LeaseTable {
    * those ranked before it; a local prefill moves with its D (the next D prefills it). Null without
    * a lease or a fallback to take.
    */
-  failover(id: string, role: Role, mayTake: (node: string) => boolean): { lease: NodeLease; from: string | null; next: string } | null {
+  failover(id: string, role: Role, mayTake: (node: string) => boolean): { lease: NodeLease; from: string | null; next: string; prefill?: string } | null {
     const lease = this.#leases.get(id);
     if (!lease) return null;
     const candidates = lease.fallbacks[role];
@@ -182,7 +182,17 @@ export class LeaseTable {
     const next = candidates[at]!;
     lease.fallbacks[role] = candidates.slice(at + 1);
     const from = this.move(id, role, next)!.from;
-    if (role === "decode" && lease.mode === "local" && lease.prefill !== null && lease.prefill === from) this.move(id, "prefill", next);
+    if (role === "decode" && lease.mode === "local" && lease.prefill !== null && lease.prefill === from) {
+      // D prefilled alone and failed: the request goes P then D (its fallbacks.prefill: the P/D path)
+      const p = lease.fallbacks.prefill.find((node) => mayTake(node));
+      if (p === undefined) this.move(id, "prefill", next);
+      else {
+        lease.fallbacks.prefill = lease.fallbacks.prefill.filter((node) => node !== p);
+        this.move(id, "prefill", p);
+        lease.mode = "disaggregated";
+        return { lease, from, next, prefill: p };
+      }
+    }
     return { lease, from, next };
   }
 

@@ -131,6 +131,8 @@ export interface FinishReport {
 export interface FailoverResponse {
   /** the node to try next, null when no other node may be tried */
   next: string | null;
+  /** a local prefill's D failed: the P the request now goes through (P then `next`) */
+  prefill?: string;
 }
 
 export interface NodeStatus {

@@ -101,7 +101,7 @@ describe("a local prefill ends exactly once", () => {
     expect(line).toMatchObject({ status: 499, mode: "local", reason: "cached", prefill: d, decode: d });
   });
 
-  it("D resets before its first byte: the local prefill moves to the other D with its lease, and the answer comes from there", async () => {
+  it("D resets before its first byte: the request goes P then the other D, which never prefills the whole prompt alone (issue 25 item 5)", async () => {
     const { session, turn2, d } = await warmConversation();
     const other = d === "d0" ? "d1" : "d0";
     rig.engine(d).setFault({ mode: "reset", count: 1 });
@@ -109,14 +109,19 @@ describe("a local prefill ends exactly once", () => {
     const id = `local-failover-${RUN}`;
     const res = await request(rig.url, { body: turn2, headers: { "x-session-id": session, "x-request-id": id } });
     expect(res.status).toBe(200);
-    expect(res.headers["x-pd-mode"]).toBe("local");
+    expect(res.headers["x-pd-mode"]).toBe("disaggregated");
     expect(res.headers["x-pd-decode"]).toBe(other);
-    expect(res.headers["x-pd-prefill"]).toBe(other);
+    expect(res.headers["x-pd-prefill"]).toBe("p0");
     expect(res.body.trimEnd().endsWith("data: [DONE]")).toBe(true);
     await expectReleased(rig, SLACK_MS);
     const line = await oneLogLine(id);
-    expect(line).toMatchObject({ status: 200, outcome: "ok", mode: "local", prefill: other, decode: other });
-    // P never took part in turn 2
-    expect((await rig.engineStats()).p0!.requests.total).toBe(prefillsBefore);
+    // the log says how it was served in the end, not the first D's prediction
+    expect(line).toMatchObject({ status: 200, outcome: "ok", mode: "disaggregated", reason: "no_local_prefill", prefill: "p0", decode: other });
+    expect(line.uncachedTokens).toBeUndefined();
+    // P prefilled turn 2, and the other D got P's KV handle, not the prompt to compute alone
+    expect((await rig.engineStats()).p0!.requests.total).toBe(prefillsBefore + 1);
+    const atOther = (rig.engine(other).requests() as Array<{ headers: Record<string, string>; body: string }>).filter((r) => r.headers["x-request-id"]?.startsWith(id));
+    expect(atOther).toHaveLength(1);
+    expect(JSON.parse(atOther[0]!.body).kv_transfer_params).toBeTruthy();
   });
 });
