@@ -1,4 +1,5 @@
 import type { Role } from "../routing/types";
+import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../state/health-table";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
 import type { EngineError } from "./engine-error";
@@ -58,10 +59,6 @@ export function statusOutcome(status: number, answeredBy: "engine" | "front" | n
 
 /** Who answered a status: the engine's serving layer (its errors are JSON) or something in front of it. */
 export const answeredByOf = (headers: Headers): "engine" | "front" => ((headers.get("content-type") ?? "").includes("json") ? "engine" : "front");
-
-/** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
-export const BUSY_RETRY_DEFAULT_MS = 1_000;
-export const BUSY_RETRY_MAX_MS = 300_000;
 
 /** A `retry-after` header (delay-seconds or an HTTP-date) in ms, within [0, BUSY_RETRY_MAX_MS]; null when absent or unreadable. */
 export function retryAfterMs(value: string | null, now = Date.now()): number | null {

@@ -3,7 +3,8 @@
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
 import { nodeAccess } from "../../src/forward/node-fetch";
-import { BUSY_RETRY_MAX_MS, retryAfterMs } from "../../src/forward/upstream";
+import { retryAfterMs } from "../../src/forward/upstream";
+import { BUSY_RETRY_MAX_MS } from "../../src/state/health-table";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
 
 const doc = (node: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({
