@@ -3,7 +3,7 @@ import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../state/health-table"
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
 import type { EngineError } from "./engine-error";
-import type { NodeAccess } from "./node-fetch";
+import type { NodeAccess } from "../config/node-access";
 
 /** A node as the forwarding code needs it. */
 export interface UpstreamNode {
@@ -12,7 +12,7 @@ export interface UpstreamNode {
   bootstrapPort: number;
   /** the address decode nodes use for this node's bootstrap server (IPv6 in brackets) */
   bootstrapHost: string;
-  /** how requests reach it (binding, bearer token, Access service token): src/forward/node-fetch.ts */
+  /** how requests reach it (binding, bearer token, Access service token): src/config/node-access.ts */
   access: NodeAccess;
 }
 

@@ -16,7 +16,7 @@ import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/deco
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-reader";
 import { chargeRateLimit } from "../auth/client-access";
-import { nodeAccess } from "../forward/node-fetch";
+import { nodeAccess } from "../config/node-access";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";

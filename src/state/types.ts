@@ -24,7 +24,7 @@ export interface ClusterView {
     weight: number;
     drain: boolean;
     models?: string[] | undefined;
-    /** how the node is reached and its token's secret name, for the probes (src/forward/node-fetch.ts); absent in views stored before them */
+    /** how the node is reached and its token's secret name, for the probes (src/config/node-access.ts); absent in views stored before them */
     reach?: NodeReach | undefined;
     apiKeySecret?: string | undefined;
     /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */

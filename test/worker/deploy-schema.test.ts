@@ -2,7 +2,7 @@
 // a busy node's retry-after, the DP ranks of a Mooncake /query answer.
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
-import { nodeAccess } from "../../src/forward/node-fetch";
+import { nodeAccess } from "../../src/config/node-access";
 import { retryAfterMs } from "../../src/forward/upstream";
 import { BUSY_RETRY_MAX_MS } from "../../src/state/health-table";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
