@@ -1,8 +1,4 @@
-/** admission.* of the cluster document (SPEC 8) */
-export interface AdmissionSettings {
-  queueMs: number;
-  maxQueued: number;
-}
+import type { AdmissionSettings } from "../config/cluster-view";
 
 /** One request waiting for a decode node that is not busy. */
 export interface Waiter<T> {

@@ -1,5 +1,6 @@
 import type { ScoredCandidate } from "../routing/types";
-import { AdmissionQueue, type AdmissionSettings } from "./admission-queue";
+import type { AdmissionSettings } from "../config/cluster-view";
+import { AdmissionQueue } from "./admission-queue";
 import { retryAfterSOf } from "./cluster-settings";
 import { newHistogram, observe } from "./histogram";
 import type { LeaseTable } from "./leases";

@@ -1,4 +1,5 @@
-import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type HealthSettings, type NodeHealth } from "./health";
+import type { HealthSettings } from "../config/cluster-view";
+import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type NodeHealth } from "./health";
 import type { LegReport } from "./types";
 
 /** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */

@@ -1,18 +1,6 @@
 // Passive (circuit breaker) and active (probe) health of one node, as pure transitions.
 // The Durable Object keeps one NodeHealth per node and applies these with its clock.
-
-export interface HealthSettings {
-  intervalMs: number;
-  /** absent: the protocol's default (probeSettings) */
-  probeTimeoutMs?: number | undefined;
-  /** absent: the protocol's default (probeSettings) */
-  probePath?: string | undefined;
-  downAfter: number;
-  upAfter: number;
-  ejectAfter: number;
-  ejectBaseMs: number;
-  ejectMaxMs: number;
-}
+import type { HealthSettings } from "../config/cluster-view";
 
 export interface ProbeSettings {
   path: string;

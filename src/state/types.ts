@@ -1,36 +1,12 @@
-import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
-import type { NodeReach } from "../config/schema";
+import type { ClusterView } from "../config/cluster-view";
+import type { Decision, Role, SelectionError } from "../routing/types";
 import type { UsageDetailsVerdict } from "../observability/usage-details";
-import type { AdmissionSettings } from "./admission-queue";
 import type { EngineUsage } from "./cache-feedback";
-import type { SignalSettings } from "./engine-signals";
-import type { BreakerState, HealthSettings } from "./health";
+import type { BreakerState } from "./health";
 import type { HistoryPoint } from "./node-history";
 
-/** The part of the cluster document the Durable Object needs; sent with every call that routes. */
-export interface ClusterView {
-  version: string;
-  protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
-  policy: SelectionPolicy;
-  health: HealthSettings;
-  /** absent in a view saved before signals existed: the defaults apply */
-  signals?: SignalSettings | undefined;
-  admission?: AdmissionSettings | undefined;
-  nodes: Array<{
-    id: string;
-    url: string;
-    role: "prefill" | "decode" | "both";
-    group?: string | undefined;
-    weight: number;
-    drain: boolean;
-    models?: string[] | undefined;
-    /** how the node is reached and its token's secret name, for the probes (src/config/node-access.ts); absent in views stored before them */
-    reach?: NodeReach | undefined;
-    apiKeySecret?: string | undefined;
-    /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
-    localPrefill?: boolean | undefined;
-  }>;
-}
+/** The document's view the object routes with: built by the config layer, so defined there. */
+export type { ClusterView };
 
 export interface RouteRequest {
   /** version of the document the Worker routes with; the view itself only when the object asks for it */

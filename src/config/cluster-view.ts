@@ -1,0 +1,58 @@
+// The cluster document as the Durable Object receives it: the Worker's config layer builds the
+// view (config/runtime.ts), the object keeps it and routes with it. Defined here, below both, so
+// the object's modules and the config loader share one type without config importing state.
+import type { SelectionPolicy } from "../routing/types";
+import type { NodeReach } from "./schema";
+
+/** health.* of the cluster document: active probes and passive ejection (state/health.ts) */
+export interface HealthSettings {
+  intervalMs: number;
+  /** absent: the protocol's default (probeSettings) */
+  probeTimeoutMs?: number | undefined;
+  /** absent: the protocol's default (probeSettings) */
+  probePath?: string | undefined;
+  downAfter: number;
+  upAfter: number;
+  ejectAfter: number;
+  ejectBaseMs: number;
+  ejectMaxMs: number;
+}
+
+/** signals.* of the cluster document (SPEC 8) */
+export interface SignalSettings {
+  intervalMs: number;
+  staleMs: number;
+  kvBusy: number;
+  queueBusy: number;
+}
+
+/** admission.* of the cluster document (SPEC 8) */
+export interface AdmissionSettings {
+  queueMs: number;
+  maxQueued: number;
+}
+
+/** The part of the cluster document the Durable Object needs; sent with every call that routes. */
+export interface ClusterView {
+  version: string;
+  protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
+  policy: SelectionPolicy;
+  health: HealthSettings;
+  /** absent in a view saved before signals existed: the defaults apply */
+  signals?: SignalSettings | undefined;
+  admission?: AdmissionSettings | undefined;
+  nodes: Array<{
+    id: string;
+    url: string;
+    role: "prefill" | "decode" | "both";
+    group?: string | undefined;
+    weight: number;
+    drain: boolean;
+    models?: string[] | undefined;
+    /** how the node is reached and its token's secret name, for the probes (src/config/node-access.ts); absent in views stored before them */
+    reach?: NodeReach | undefined;
+    apiKeySecret?: string | undefined;
+    /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
+    localPrefill?: boolean | undefined;
+  }>;
+}
