@@ -5,9 +5,8 @@ import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
-import type { HistoryPoint } from "../state/node-history";
-import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
 import type { Role } from "../routing/types";
+import type { ClusterSnapshot, Histogram, HistoryPoint, KeyCount } from "./cluster-snapshot";
 import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
 
