@@ -57,7 +57,8 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const text = (bytes: number[]) => decoder.decode(new Uint8Array(bytes));
 
-type Field = "data" | "event" | "other";
+/** A line's field, as far as the reader cares. */
+export type Field = "data" | "event" | "other";
 
 /** Reads one stream. */
 export interface SseReader {
@@ -76,18 +77,18 @@ export interface SseReader {
 /**
  * An incremental reader: `feed` each chunk as it comes and send on what it passes; `end` once
  * the stream ended cleanly. Any chunking of the same bytes gives the same output and verdicts.
- * (A closure rather than a class: its state minifies to short names, and the Worker is loaded
- * on every cold start.)
+ * Four steps, each its own function below: framing (`sseFraming`: lines and fields), events (this
+ * function: which bytes go on, are held while an event could be an error, or are cut at an
+ * error), usage (`rewriteDataLine`: a held data line rewritten) and completeness
+ * (`completesStream`). (Closures rather than classes: their state minifies to short names, and
+ * the Worker is loaded on every cold start.)
  */
 export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null): SseReader {
   let complete = false;
   let settled = false;
   let tooLong = false;
-  // the line being read
-  let afterCR = false;
-  let lineBytes = 0;
+  // the line being read: its field once known (the framing reads its name)
   let field: Field | null = null;
-  let name = "";
   /** an `event:` line's value */
   let value: number[] = [];
   /** the line's bytes, held whole for the rewrite (null: not held) */
@@ -167,18 +168,15 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
 
   /** The held line goes on: rewritten when it `ended` as a data line, else as it is. */
   const releaseLine = (ended: boolean) => {
-    let bytes = joinBytes(line!);
+    let bytes: Uint8Array | null = joinBytes(line!);
     line = null;
     lineHeld = 0;
     if (ended && field === "data") {
-      const text = decoder.decode(bytes);
-      const old = text.slice(text[5] === " " ? 6 : 5);
-      const next = rewrite!.line(old);
-      if (next === null) {
+      bytes = rewriteDataLine(rewrite!, bytes);
+      if (bytes === null) {
         dropped = dropBreak = true;
         return;
       }
-      if (next !== old) bytes = encoder.encode(`data: ${next}`);
     }
     kept = true;
     emit(bytes);
@@ -205,8 +203,6 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
     if (rule.kind === "events" && eventType === null) json ??= jsonTypeScan();
   };
 
-  const isDone = () => dataBytes <= SHORT && text(head).trim() === "[DONE]";
-
   /** The error event's data is in (its first data line, its end, or the stream's): its head, and its tail when it was longer. */
   const errorRead = () => {
     errorData ??= text(head) + text(tail);
@@ -219,43 +215,73 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
     return { ...engineErrorOf(errorData), first: cutFirst };
   };
 
-  const endLine = (at: number) => {
-    if (field === null) fieldIs(fieldOf(name));
-    if (field === "event") {
-      const v = text(value);
-      eventType = v[0] === " " ? v.slice(1) : v;
-    }
-    if (pending && field !== "other") decide(at, field === "event" ? eventType === "error" : opensError(text(head)), true);
-    // an error event's first data line holds its message
-    if (cut && field === "data") errorRead();
-    if (line) releaseLine(true);
-    // many short lines (comments) hold no more than one long one
-    if (pending && heldBytes > HOLD_MAX_BYTES) decide(at, false, false);
-    lineBytes = 0;
-    field = null;
-    name = "";
-    value = [];
-  };
-
-  /** A blank line: the event ends (an event whose every line was dropped is dropped whole). */
-  const endEvent = (at: number) => {
-    if (inEvent) {
-      // an event without data (a comment, a keep-alive) is no error: it passes
-      if (pending) decide(at, false, false);
-      if (cut) errorRead();
-      else if (dataLines) {
-        passedAny = true;
-        const type = eventType ?? json?.result();
-        if (rule.kind === "done" ? isDone() : rule.types.includes(type!)) complete = true;
+  /** The framing's news, as it reads the chunk being fed. */
+  const framing = sseFraming({
+    lineStart(at) {
+      // a line begins: held until its field is known when a rewrite is on, a data line until its end
+      route(at);
+      dropBreak = false;
+      if (!inEvent) {
+        inEvent = true;
+        pending = !cut;
       }
-    }
-    dropBreak = dropped && !kept;
-    inEvent = kept = dropped = false;
-    eventType = json = null;
-    dataLines = dataBytes = 0;
-    head = [];
-    tail = [];
-  };
+      if (rewrite && !cut) line = [];
+    },
+    field: fieldIs,
+    value(bytes, i, end) {
+      // the value, up to the line's end (or the chunk's): looked at, never copied; an event's
+      // first data line decides, at its ERROR_HEAD-th byte, whether it is an error
+      const deciding = pending && field === "data";
+      if (deciding) end = Math.min(end, i + ERROR_HEAD - head.length);
+      if (field === "data") dataValue(bytes, i, end);
+      else if (field === "event") value.push(...bytes.subarray(i, Math.min(end, i + SHORT - value.length)));
+      i = end;
+      if (deciding && head.length >= ERROR_HEAD) decide(i, opensError(text(head)), true);
+      if (line && lineHeld + i - from > MAX_DATA_LINE_BYTES) {
+        route(i);
+        // too long to hold: it flows on unchanged, or (a required rewrite) the reader stops
+        if (rewrite!.required) tooLong = true;
+        else releaseLine(false);
+      }
+      if (pending && heldBytes + lineHeld + i - from > HOLD_MAX_BYTES) decide(i, false, false);
+      return tooLong ? -1 : i;
+    },
+    lineEnd(at, unnamed) {
+      route(at);
+      if (unnamed) fieldIs(unnamed);
+      if (field === "event") {
+        const v = text(value);
+        eventType = v[0] === " " ? v.slice(1) : v;
+      }
+      if (pending && field !== "other") decide(at, field === "event" ? eventType === "error" : opensError(text(head)), true);
+      // an error event's first data line holds its message
+      if (cut && field === "data") errorRead();
+      if (line) releaseLine(true);
+      // many short lines (comments) hold no more than one long one
+      if (pending && heldBytes > HOLD_MAX_BYTES) decide(at, false, false);
+      field = null;
+      value = [];
+    },
+    blank(at) {
+      // a blank line: the event ends (an event whose every line was dropped is dropped whole)
+      route(at);
+      if (inEvent) {
+        // an event without data (a comment, a keep-alive) is no error: it passes
+        if (pending) decide(at, false, false);
+        if (cut) errorRead();
+        else if (dataLines) {
+          passedAny = true;
+          if (completesStream(rule, eventType, json, head, dataBytes)) complete = true;
+        }
+      }
+      dropBreak = dropped && !kept;
+      inEvent = kept = dropped = false;
+      eventType = json = null;
+      dataLines = dataBytes = 0;
+      head = [];
+      tail = [];
+    },
+  });
 
   const stopped = (): SseRead | null => (reported || tooLong ? { pass: EMPTY, error: null } : null);
 
@@ -274,33 +300,91 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
       const stop = stopped();
       if (stop) return stop;
       begin(bytes);
+      framing.feed(bytes);
+      if (!tooLong) route(bytes.length);
+      return { pass: joinBytes(out), error: report() };
+    },
+
+    end() {
+      const stop = stopped();
+      if (stop) return stop;
+      begin(EMPTY);
+      // a last line without a colon: a field with an empty value
+      const unnamed = framing.end();
+      if (unnamed) fieldIs(unnamed);
+      // an undecided last event that opens an error object: an error cut short
+      if (pending && field === "data" && opensError(text(head))) decide(0, true, true);
+      if (cut) errorRead();
+      else {
+        if (line) releaseLine(true);
+        decide(0, false, false);
+        // a bare [DONE] without its blank line still ends a stream
+        if (rule.kind === "done" && dataLines && isDone(head, dataBytes)) complete = true;
+      }
+      return { pass: joinBytes(out), error: report() };
+    },
+  };
+}
+
+/** What the framing tells its reader as it reads a chunk; positions are indexes into that chunk. */
+export interface FrameSink {
+  /** a line (not a blank one) begins at `at` */
+  lineStart(at: number): void;
+  /** the line's field, once its name is read (up to its colon; "other" past 5 characters or for a comment) */
+  field(f: Field): void;
+  /** the line's value bytes in [from, to) (never a line break): returns where it read up to (to stop there), or -1 to stop reading */
+  value(bytes: Uint8Array, from: number, to: number): number;
+  /** the line ended at `at` (its line break); `unnamed`: the field of a line that ended before its colon (its value is empty) */
+  lineEnd(at: number, unnamed: Field | null): void;
+  /** a blank line at `at`: the event ends */
+  blank(at: number): void;
+}
+
+export interface SseFraming {
+  /** Reads a chunk, telling the sink what it finds. */
+  feed(bytes: Uint8Array): void;
+  /** The stream ended: the field of a last line that ended before its colon, if there is one. */
+  end(): Field | null;
+}
+
+/**
+ * The framing step (WHATWG SSE): lines end in LF, CR or CRLF (a CRLF split between chunks is one
+ * line break), a line's field is its name up to the first colon, a blank line ends an event.
+ * Only "data" and "event" matter here; any other name (or a comment, `:...`) is "other". Values
+ * are handed over as ranges of the chunk, found with `indexOf`, never copied.
+ */
+export function sseFraming(sink: FrameSink): SseFraming {
+  let afterCR = false;
+  let lineBytes = 0;
+  let field: Field | null = null;
+  let name = "";
+  const fieldIs = (f: Field) => {
+    field = f;
+    sink.field(f);
+  };
+  return {
+    feed(bytes) {
       const n = bytes.length;
       /** where the next CR is (n: none): looked up once a feed, not once a line */
       let cr = -1;
       let i = 0;
-      while (i < n && !tooLong) {
+      while (i < n) {
         const b = bytes[i]!;
         if (b === LF || b === CR) {
           if (b === CR || !afterCR) {
-            route(i);
-            if (lineBytes) endLine(i);
-            else endEvent(i);
+            if (lineBytes) {
+              sink.lineEnd(i, field === null ? fieldOf(name) : null);
+              lineBytes = 0;
+              field = null;
+              name = "";
+            } else sink.blank(i);
           }
           afterCR = b === CR;
-          route(++i);
+          i++;
           continue;
         }
         afterCR = false;
-        if (!lineBytes) {
-          // a line begins: held until its field is known when a rewrite is on, a data line until its end
-          route(i);
-          dropBreak = false;
-          if (!inEvent) {
-            inEvent = true;
-            pending = !cut;
-          }
-          if (rewrite && !cut) line = [];
-        }
+        if (!lineBytes) sink.lineStart(i);
         if (field === null) {
           // the field's name, up to its colon: "data" and "event" are all we look for
           lineBytes++;
@@ -312,47 +396,39 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
           }
           continue;
         }
-        // the value, up to the line's end (or the chunk's): looked at, never copied
         if (cr < i) cr = indexOrEnd(bytes, CR, i);
-        let end = Math.min(indexOrEnd(bytes, LF, i), cr);
-        // an event's first data line decides, at its ERROR_HEAD-th byte, whether it is an error
-        const deciding = pending && field === "data";
-        if (deciding) end = Math.min(end, i + ERROR_HEAD - head.length);
-        if (field === "data") dataValue(bytes, i, end);
-        else if (field === "event") value.push(...bytes.subarray(i, Math.min(end, i + SHORT - value.length)));
-        lineBytes += end - i;
-        i = end;
-        if (deciding && head.length >= ERROR_HEAD) decide(i, opensError(text(head)), true);
-        if (line && lineHeld + i - from > MAX_DATA_LINE_BYTES) {
-          route(i);
-          // too long to hold: it flows on unchanged, or (a required rewrite) the reader stops
-          if (rewrite!.required) tooLong = true;
-          else releaseLine(false);
-        }
-        if (pending && heldBytes + lineHeld + i - from > HOLD_MAX_BYTES) decide(i, false, false);
+        const to = sink.value(bytes, i, Math.min(indexOrEnd(bytes, LF, i), cr));
+        if (to < 0) return;
+        lineBytes += to - i;
+        i = to;
       }
-      if (!tooLong) route(n);
-      return { pass: joinBytes(out), error: report() };
     },
-
-    end() {
-      const stop = stopped();
-      if (stop) return stop;
-      begin(EMPTY);
-      // a last line without a colon: a field with an empty value
-      if (lineBytes && field === null) fieldIs(fieldOf(name));
-      // an undecided last event that opens an error object: an error cut short
-      if (pending && field === "data" && opensError(text(head))) decide(0, true, true);
-      if (cut) errorRead();
-      else {
-        if (line) releaseLine(true);
-        decide(0, false, false);
-        // a bare [DONE] without its blank line still ends a stream
-        if (rule.kind === "done" && dataLines && isDone()) complete = true;
-      }
-      return { pass: joinBytes(out), error: report() };
-    },
+    end: () => (lineBytes && field === null ? fieldOf(name) : null),
   };
+}
+
+/**
+ * The usage step: a held data line (`data:`, its value, no line break) rewritten — the client's
+ * usage from P's counts, a batch's choice numbers. The new line's bytes; the same bytes when the
+ * rewrite kept the value; null to drop the line.
+ */
+export function rewriteDataLine(rewrite: DataRewrite, bytes: Uint8Array): Uint8Array | null {
+  const text = decoder.decode(bytes);
+  const old = text.slice(text[5] === " " ? 6 : 5);
+  const next = rewrite.line(old);
+  if (next === null) return null;
+  return next === old ? bytes : encoder.encode(`data: ${next}`);
+}
+
+/** `data: [DONE]`: an event's data, from its first SHORT bytes and its size. */
+export const isDone = (head: number[], dataBytes: number) => dataBytes <= SHORT && text(head).trim() === "[DONE]";
+
+/**
+ * The completeness step: whether an event with data ends the stream as the rule wants — `[DONE]`,
+ * or a final event's type (its `event:` line, else its data's top-level "type" as `json` read it).
+ */
+export function completesStream(rule: Completeness, eventType: string | null, json: JsonTypeScan | null, head: number[], dataBytes: number): boolean {
+  return rule.kind === "done" ? isDone(head, dataBytes) : rule.types.includes((eventType ?? json?.result())!);
 }
 
 function fieldOf(name: string): Field {
