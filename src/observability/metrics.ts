@@ -26,7 +26,7 @@ const histogram = (name: string, help: string, h: Histogram): MetricFamily => ({
 const one = (value: number | boolean): Sample[] => [{ value: +value }];
 
 /**
- * The metric families of the router (README, Metrics: the HELP texts are one line, the table has
+ * The metric families of the router (docs/operations.md, Metrics: the HELP texts are one line, the table has
  * the detail). Pure: no env, no clock.
  */
 export function clusterMetrics({ snapshot, keys, config }: MetricsInput): MetricFamily[] {
