@@ -1,4 +1,5 @@
 import { engineErrorOf, opensError, type EngineError } from "./engine-error";
+import { sseFraming, type Field } from "./sse-framing";
 
 // The one reader of a decode node's SSE stream. It reads the bytes once, as they pass, into
 // lines, fields and events (WHATWG SSE framing: lines end in LF, CR or CRLF; an event ends at a
@@ -57,9 +58,6 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const text = (bytes: number[]) => decoder.decode(new Uint8Array(bytes));
 
-/** A line's field, as far as the reader cares. */
-export type Field = "data" | "event" | "other";
-
 /** Reads one stream. */
 export interface SseReader {
   /** A chunk as it comes: what of it goes on, and the engine's error once its event was read. */
@@ -77,9 +75,9 @@ export interface SseReader {
 /**
  * An incremental reader: `feed` each chunk as it comes and send on what it passes; `end` once
  * the stream ended cleanly. Any chunking of the same bytes gives the same output and verdicts.
- * Four steps, each its own function below: framing (`sseFraming`: lines and fields), events (this
- * function: which bytes go on, are held while an event could be an error, or are cut at an
- * error), usage (`rewriteDataLine`: a held data line rewritten) and completeness
+ * Four steps, each its own function: framing (`sseFraming` in sse-framing.ts: lines and fields),
+ * events (this function: which bytes go on, are held while an event could be an error, or are
+ * cut at an error), usage (`rewriteDataLine`: a held data line rewritten) and completeness
  * (`completesStream`). (Closures rather than classes: their state minifies to short names, and
  * the Worker is loaded on every cold start.)
  */
@@ -326,87 +324,6 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
   };
 }
 
-/** What the framing tells its reader as it reads a chunk; positions are indexes into that chunk. */
-export interface FrameSink {
-  /** a line (not a blank one) begins at `at` */
-  lineStart(at: number): void;
-  /** the line's field, once its name is read (up to its colon; "other" past 5 characters or for a comment) */
-  field(f: Field): void;
-  /** the line's value bytes in [from, to) (never a line break): returns where it read up to (to stop there), or -1 to stop reading */
-  value(bytes: Uint8Array, from: number, to: number): number;
-  /** the line ended at `at` (its line break); `unnamed`: the field of a line that ended before its colon (its value is empty) */
-  lineEnd(at: number, unnamed: Field | null): void;
-  /** a blank line at `at`: the event ends */
-  blank(at: number): void;
-}
-
-export interface SseFraming {
-  /** Reads a chunk, telling the sink what it finds. */
-  feed(bytes: Uint8Array): void;
-  /** The stream ended: the field of a last line that ended before its colon, if there is one. */
-  end(): Field | null;
-}
-
-/**
- * The framing step (WHATWG SSE): lines end in LF, CR or CRLF (a CRLF split between chunks is one
- * line break), a line's field is its name up to the first colon, a blank line ends an event.
- * Only "data" and "event" matter here; any other name (or a comment, `:...`) is "other". Values
- * are handed over as ranges of the chunk, found with `indexOf`, never copied.
- */
-export function sseFraming(sink: FrameSink): SseFraming {
-  let afterCR = false;
-  let lineBytes = 0;
-  let field: Field | null = null;
-  let name = "";
-  const fieldIs = (f: Field) => {
-    field = f;
-    sink.field(f);
-  };
-  return {
-    feed(bytes) {
-      const n = bytes.length;
-      /** where the next CR is (n: none): looked up once a feed, not once a line */
-      let cr = -1;
-      let i = 0;
-      while (i < n) {
-        const b = bytes[i]!;
-        if (b === LF || b === CR) {
-          if (b === CR || !afterCR) {
-            if (lineBytes) {
-              sink.lineEnd(i, field === null ? fieldOf(name) : null);
-              lineBytes = 0;
-              field = null;
-              name = "";
-            } else sink.blank(i);
-          }
-          afterCR = b === CR;
-          i++;
-          continue;
-        }
-        afterCR = false;
-        if (!lineBytes) sink.lineStart(i);
-        if (field === null) {
-          // the field's name, up to its colon: "data" and "event" are all we look for
-          lineBytes++;
-          i++;
-          if (b === COLON) fieldIs(lineBytes === 1 ? "other" : fieldOf(name));
-          else {
-            name += String.fromCharCode(b);
-            if (name.length > 5) fieldIs("other");
-          }
-          continue;
-        }
-        if (cr < i) cr = indexOrEnd(bytes, CR, i);
-        const to = sink.value(bytes, i, Math.min(indexOrEnd(bytes, LF, i), cr));
-        if (to < 0) return;
-        lineBytes += to - i;
-        i = to;
-      }
-    },
-    end: () => (lineBytes && field === null ? fieldOf(name) : null),
-  };
-}
-
 /**
  * The usage step: a held data line (`data:`, its value, no line break) rewritten — the client's
  * usage from P's counts, a batch's choice numbers. The new line's bytes; the same bytes when the
@@ -429,15 +346,6 @@ export const isDone = (head: number[], dataBytes: number) => dataBytes <= SHORT 
  */
 export function completesStream(rule: Completeness, eventType: string | null, json: JsonTypeScan | null, head: number[], dataBytes: number): boolean {
   return rule.kind === "done" ? isDone(head, dataBytes) : rule.types.includes((eventType ?? json?.result())!);
-}
-
-function fieldOf(name: string): Field {
-  return name === "data" || name === "event" ? name : "other";
-}
-
-function indexOrEnd(bytes: Uint8Array, b: number, from: number): number {
-  const at = bytes.indexOf(b, from);
-  return at < 0 ? bytes.length : at;
 }
 
 /** The parts as one array: the part itself when there is one (no copy). */

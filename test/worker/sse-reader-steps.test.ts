@@ -1,6 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { completesStream, jsonTypeScan, rewriteDataLine, sseFraming, type Field } from "../../src/forward/sse-reader";
+import { sseFraming, type Field } from "../../src/forward/sse-framing";
+import { completesStream, jsonTypeScan, rewriteDataLine } from "../../src/forward/sse-reader";
 
 // The SSE reader's steps, each alone (issue 26): framing (lines and fields), usage (a held data
 // line rewritten) and completeness (an event that ends the stream). The reader that composes
