@@ -9,7 +9,7 @@ export default defineConfig({
     onConsoleLog: (log) => !log.includes('"event":"'),
     // Files run three at a time even on 2 cores: most of a file's time is waiting (workerd and
     // router processes starting, engines' simulated time), and every file has its own engines,
-    // workerd and router (no shared state: README, Testing). One at a time (vitest's default on
+    // workerd and router (no shared state: docs/testing.md). One at a time (vitest's default on
     // 2 cores) took 4m50s of the 5 minutes CI allows; three, about 2.5 minutes.
     maxWorkers: 3,
     projects: [

@@ -1,5 +1,5 @@
 // The Worker's upload size, as `wrangler deploy --dry-run` reports it, held to a budget: what an
-// isolate loads on a cold start (README, "Bundle size"). Offline and fast (one esbuild run, ~2 s).
+// isolate loads on a cold start (docs/operations.md, "Bundle size"). Offline and fast (one esbuild run, ~2 s).
 //
 //   node scripts/bundle-size.mjs            prints the size and what the bundle is made of;
 //                                           exits 1 above the budget
@@ -103,7 +103,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   if (verdict.over) {
     console.error(
       `\nThe Worker is ${verdict.byKib} KiB gzip over its budget of ${budget} KiB. Every isolate loads it on a cold start: ` +
-        'find what grew in the list above (README, "Bundle size"), and raise BUDGET_GZIP_KIB in scripts/bundle-size.mjs only knowingly.',
+        'find what grew in the list above (docs/operations.md, "Bundle size"), and raise BUDGET_GZIP_KIB in scripts/bundle-size.mjs only knowingly.',
     );
     process.exit(1);
   }

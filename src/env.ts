@@ -2,7 +2,7 @@
  * Bindings, vars and secrets of the Worker. The bindings (NODES, CLUSTER_STATE) come from
  * `wrangler types` (worker-configuration.d.ts, `npm run types`); the optional vars and secrets are
  * unset by default, so they are listed here. Read dynamically, by the names the cluster document
- * gives (src/forward/node-fetch.ts): NODE_* secrets (a node's `apiKeySecret`, its Access service
+ * gives (src/config/node-access.ts): NODE_* secrets (a node's `apiKeySecret`, its Access service
  * token) and VPC_* bindings (`vpc_networks` / `vpc_services` a node is reached through; see
  * docs/deploy.md).
  */

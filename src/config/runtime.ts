@@ -1,6 +1,6 @@
 import type { Env } from "../env";
 import { RouterError } from "../errors";
-import type { ClusterView } from "../state/types";
+import type { ClusterView } from "./cluster-view";
 import { ClusterConfigLoader, CONFIG_KEY, DEFAULT_CONFIG_TTL_MS, type ConfigSnapshot } from "./load";
 import { nodePools, WHOLE_CLUSTER, type NodePool } from "./pools";
 import { localPrefillOf, type ClusterConfig, type NodeConfig } from "./schema";

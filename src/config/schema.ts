@@ -47,7 +47,7 @@ const nodeSecretName = (what: string) =>
   v.pipe(v.string(), regex(/^NODE_[A-Za-z0-9_]{1,123}$/, `must name a NODE_* Worker secret (holding ${what}), never one of the router's own secrets`));
 
 /**
- * How the router reaches a node (src/forward/node-fetch.ts). `binding`: a Workers VPC binding
+ * How the router reaches a node (src/config/node-access.ts). `binding`: a Workers VPC binding
  * (`vpc_networks` or `vpc_services` in wrangler.toml) whose `fetch` carries the request into the
  * private network; only VPC_* names, so a document can never make the router call its own KV or
  * Durable Object. `access`: a Cloudflare Access service token, sent as CF-Access-Client-Id /

@@ -2,7 +2,7 @@ import * as v from "valibot";
 
 // What the cluster document and request schemas share: JSON objects (arrays are not objects
 // here), enums, and every problem worded as the router has always worded it. The schemas moved
-// from zod 3 to valibot for the Worker's size (README, "Bundle size"); the texts, paths and their
+// from zod 3 to valibot for the Worker's size (docs/operations.md, "Bundle size"); the texts, paths and their
 // order stayed zod 3's, which operators, scripts and tests already know.
 
 export type Issue = v.BaseIssue<unknown>;
@@ -57,7 +57,7 @@ export function oneOf<const T extends readonly [string, ...string[]]>(options: T
 /**
  * A check on a value its schema accepted, with zod 3's wording unless it names its own message.
  * One valibot rawCheck serves every bound, length and pattern: the Worker carries no
- * integer/minValue/maxLength/regex actions of valibot's (README, "Bundle size"). Like valibot's
+ * integer/minValue/maxLength/regex actions of valibot's (docs/operations.md, "Bundle size"). Like valibot's
  * own actions it runs after an earlier one failed, so every problem of a value is listed, in order.
  */
 export const rule = <T>(ok: (value: T) => boolean, message: string | ((value: T) => string)) =>

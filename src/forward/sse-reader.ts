@@ -1,4 +1,5 @@
 import { engineErrorOf, opensError, type EngineError } from "./engine-error";
+import { sseFraming, type Field } from "./sse-framing";
 
 // The one reader of a decode node's SSE stream. It reads the bytes once, as they pass, into
 // lines, fields and events (WHATWG SSE framing: lines end in LF, CR or CRLF; an event ends at a
@@ -57,8 +58,6 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const text = (bytes: number[]) => decoder.decode(new Uint8Array(bytes));
 
-type Field = "data" | "event" | "other";
-
 /** Reads one stream. */
 export interface SseReader {
   /** A chunk as it comes: what of it goes on, and the engine's error once its event was read. */
@@ -76,18 +75,18 @@ export interface SseReader {
 /**
  * An incremental reader: `feed` each chunk as it comes and send on what it passes; `end` once
  * the stream ended cleanly. Any chunking of the same bytes gives the same output and verdicts.
- * (A closure rather than a class: its state minifies to short names, and the Worker is loaded
- * on every cold start.)
+ * Four steps, each its own function: framing (`sseFraming` in sse-framing.ts: lines and fields),
+ * events (this function: which bytes go on, are held while an event could be an error, or are
+ * cut at an error), usage (`rewriteDataLine`: a held data line rewritten) and completeness
+ * (`completesStream`). (Closures rather than classes: their state minifies to short names, and
+ * the Worker is loaded on every cold start.)
  */
 export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null): SseReader {
   let complete = false;
   let settled = false;
   let tooLong = false;
-  // the line being read
-  let afterCR = false;
-  let lineBytes = 0;
+  // the line being read: its field once known (the framing reads its name)
   let field: Field | null = null;
-  let name = "";
   /** an `event:` line's value */
   let value: number[] = [];
   /** the line's bytes, held whole for the rewrite (null: not held) */
@@ -167,18 +166,15 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
 
   /** The held line goes on: rewritten when it `ended` as a data line, else as it is. */
   const releaseLine = (ended: boolean) => {
-    let bytes = joinBytes(line!);
+    let bytes: Uint8Array | null = joinBytes(line!);
     line = null;
     lineHeld = 0;
     if (ended && field === "data") {
-      const text = decoder.decode(bytes);
-      const old = text.slice(text[5] === " " ? 6 : 5);
-      const next = rewrite!.line(old);
-      if (next === null) {
+      bytes = rewriteDataLine(rewrite!, bytes);
+      if (bytes === null) {
         dropped = dropBreak = true;
         return;
       }
-      if (next !== old) bytes = encoder.encode(`data: ${next}`);
     }
     kept = true;
     emit(bytes);
@@ -205,8 +201,6 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
     if (rule.kind === "events" && eventType === null) json ??= jsonTypeScan();
   };
 
-  const isDone = () => dataBytes <= SHORT && text(head).trim() === "[DONE]";
-
   /** The error event's data is in (its first data line, its end, or the stream's): its head, and its tail when it was longer. */
   const errorRead = () => {
     errorData ??= text(head) + text(tail);
@@ -219,43 +213,73 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
     return { ...engineErrorOf(errorData), first: cutFirst };
   };
 
-  const endLine = (at: number) => {
-    if (field === null) fieldIs(fieldOf(name));
-    if (field === "event") {
-      const v = text(value);
-      eventType = v[0] === " " ? v.slice(1) : v;
-    }
-    if (pending && field !== "other") decide(at, field === "event" ? eventType === "error" : opensError(text(head)), true);
-    // an error event's first data line holds its message
-    if (cut && field === "data") errorRead();
-    if (line) releaseLine(true);
-    // many short lines (comments) hold no more than one long one
-    if (pending && heldBytes > HOLD_MAX_BYTES) decide(at, false, false);
-    lineBytes = 0;
-    field = null;
-    name = "";
-    value = [];
-  };
-
-  /** A blank line: the event ends (an event whose every line was dropped is dropped whole). */
-  const endEvent = (at: number) => {
-    if (inEvent) {
-      // an event without data (a comment, a keep-alive) is no error: it passes
-      if (pending) decide(at, false, false);
-      if (cut) errorRead();
-      else if (dataLines) {
-        passedAny = true;
-        const type = eventType ?? json?.result();
-        if (rule.kind === "done" ? isDone() : rule.types.includes(type!)) complete = true;
+  /** The framing's news, as it reads the chunk being fed. */
+  const framing = sseFraming({
+    lineStart(at) {
+      // a line begins: held until its field is known when a rewrite is on, a data line until its end
+      route(at);
+      dropBreak = false;
+      if (!inEvent) {
+        inEvent = true;
+        pending = !cut;
       }
-    }
-    dropBreak = dropped && !kept;
-    inEvent = kept = dropped = false;
-    eventType = json = null;
-    dataLines = dataBytes = 0;
-    head = [];
-    tail = [];
-  };
+      if (rewrite && !cut) line = [];
+    },
+    field: fieldIs,
+    value(bytes, i, end) {
+      // the value, up to the line's end (or the chunk's): looked at, never copied; an event's
+      // first data line decides, at its ERROR_HEAD-th byte, whether it is an error
+      const deciding = pending && field === "data";
+      if (deciding) end = Math.min(end, i + ERROR_HEAD - head.length);
+      if (field === "data") dataValue(bytes, i, end);
+      else if (field === "event") value.push(...bytes.subarray(i, Math.min(end, i + SHORT - value.length)));
+      i = end;
+      if (deciding && head.length >= ERROR_HEAD) decide(i, opensError(text(head)), true);
+      if (line && lineHeld + i - from > MAX_DATA_LINE_BYTES) {
+        route(i);
+        // too long to hold: it flows on unchanged, or (a required rewrite) the reader stops
+        if (rewrite!.required) tooLong = true;
+        else releaseLine(false);
+      }
+      if (pending && heldBytes + lineHeld + i - from > HOLD_MAX_BYTES) decide(i, false, false);
+      return tooLong ? -1 : i;
+    },
+    lineEnd(at, unnamed) {
+      route(at);
+      if (unnamed) fieldIs(unnamed);
+      if (field === "event") {
+        const v = text(value);
+        eventType = v[0] === " " ? v.slice(1) : v;
+      }
+      if (pending && field !== "other") decide(at, field === "event" ? eventType === "error" : opensError(text(head)), true);
+      // an error event's first data line holds its message
+      if (cut && field === "data") errorRead();
+      if (line) releaseLine(true);
+      // many short lines (comments) hold no more than one long one
+      if (pending && heldBytes > HOLD_MAX_BYTES) decide(at, false, false);
+      field = null;
+      value = [];
+    },
+    blank(at) {
+      // a blank line: the event ends (an event whose every line was dropped is dropped whole)
+      route(at);
+      if (inEvent) {
+        // an event without data (a comment, a keep-alive) is no error: it passes
+        if (pending) decide(at, false, false);
+        if (cut) errorRead();
+        else if (dataLines) {
+          passedAny = true;
+          if (completesStream(rule, eventType, json, head, dataBytes)) complete = true;
+        }
+      }
+      dropBreak = dropped && !kept;
+      inEvent = kept = dropped = false;
+      eventType = json = null;
+      dataLines = dataBytes = 0;
+      head = [];
+      tail = [];
+    },
+  });
 
   const stopped = (): SseRead | null => (reported || tooLong ? { pass: EMPTY, error: null } : null);
 
@@ -274,64 +298,8 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
       const stop = stopped();
       if (stop) return stop;
       begin(bytes);
-      const n = bytes.length;
-      /** where the next CR is (n: none): looked up once a feed, not once a line */
-      let cr = -1;
-      let i = 0;
-      while (i < n && !tooLong) {
-        const b = bytes[i]!;
-        if (b === LF || b === CR) {
-          if (b === CR || !afterCR) {
-            route(i);
-            if (lineBytes) endLine(i);
-            else endEvent(i);
-          }
-          afterCR = b === CR;
-          route(++i);
-          continue;
-        }
-        afterCR = false;
-        if (!lineBytes) {
-          // a line begins: held until its field is known when a rewrite is on, a data line until its end
-          route(i);
-          dropBreak = false;
-          if (!inEvent) {
-            inEvent = true;
-            pending = !cut;
-          }
-          if (rewrite && !cut) line = [];
-        }
-        if (field === null) {
-          // the field's name, up to its colon: "data" and "event" are all we look for
-          lineBytes++;
-          i++;
-          if (b === COLON) fieldIs(lineBytes === 1 ? "other" : fieldOf(name));
-          else {
-            name += String.fromCharCode(b);
-            if (name.length > 5) fieldIs("other");
-          }
-          continue;
-        }
-        // the value, up to the line's end (or the chunk's): looked at, never copied
-        if (cr < i) cr = indexOrEnd(bytes, CR, i);
-        let end = Math.min(indexOrEnd(bytes, LF, i), cr);
-        // an event's first data line decides, at its ERROR_HEAD-th byte, whether it is an error
-        const deciding = pending && field === "data";
-        if (deciding) end = Math.min(end, i + ERROR_HEAD - head.length);
-        if (field === "data") dataValue(bytes, i, end);
-        else if (field === "event") value.push(...bytes.subarray(i, Math.min(end, i + SHORT - value.length)));
-        lineBytes += end - i;
-        i = end;
-        if (deciding && head.length >= ERROR_HEAD) decide(i, opensError(text(head)), true);
-        if (line && lineHeld + i - from > MAX_DATA_LINE_BYTES) {
-          route(i);
-          // too long to hold: it flows on unchanged, or (a required rewrite) the reader stops
-          if (rewrite!.required) tooLong = true;
-          else releaseLine(false);
-        }
-        if (pending && heldBytes + lineHeld + i - from > HOLD_MAX_BYTES) decide(i, false, false);
-      }
-      if (!tooLong) route(n);
+      framing.feed(bytes);
+      if (!tooLong) route(bytes.length);
       return { pass: joinBytes(out), error: report() };
     },
 
@@ -340,7 +308,8 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
       if (stop) return stop;
       begin(EMPTY);
       // a last line without a colon: a field with an empty value
-      if (lineBytes && field === null) fieldIs(fieldOf(name));
+      const unnamed = framing.end();
+      if (unnamed) fieldIs(unnamed);
       // an undecided last event that opens an error object: an error cut short
       if (pending && field === "data" && opensError(text(head))) decide(0, true, true);
       if (cut) errorRead();
@@ -348,20 +317,35 @@ export function sseReader(rule: Completeness, rewrite: DataRewrite | null = null
         if (line) releaseLine(true);
         decide(0, false, false);
         // a bare [DONE] without its blank line still ends a stream
-        if (rule.kind === "done" && dataLines && isDone()) complete = true;
+        if (rule.kind === "done" && dataLines && isDone(head, dataBytes)) complete = true;
       }
       return { pass: joinBytes(out), error: report() };
     },
   };
 }
 
-function fieldOf(name: string): Field {
-  return name === "data" || name === "event" ? name : "other";
+/**
+ * The usage step: a held data line (`data:`, its value, no line break) rewritten — the client's
+ * usage from P's counts, a batch's choice numbers. The new line's bytes; the same bytes when the
+ * rewrite kept the value; null to drop the line.
+ */
+export function rewriteDataLine(rewrite: DataRewrite, bytes: Uint8Array): Uint8Array | null {
+  const text = decoder.decode(bytes);
+  const old = text.slice(text[5] === " " ? 6 : 5);
+  const next = rewrite.line(old);
+  if (next === null) return null;
+  return next === old ? bytes : encoder.encode(`data: ${next}`);
 }
 
-function indexOrEnd(bytes: Uint8Array, b: number, from: number): number {
-  const at = bytes.indexOf(b, from);
-  return at < 0 ? bytes.length : at;
+/** `data: [DONE]`: an event's data, from its first SHORT bytes and its size. */
+export const isDone = (head: number[], dataBytes: number) => dataBytes <= SHORT && text(head).trim() === "[DONE]";
+
+/**
+ * The completeness step: whether an event with data ends the stream as the rule wants — `[DONE]`,
+ * or a final event's type (its `event:` line, else its data's top-level "type" as `json` read it).
+ */
+export function completesStream(rule: Completeness, eventType: string | null, json: JsonTypeScan | null, head: number[], dataBytes: number): boolean {
+  return rule.kind === "done" ? isDone(head, dataBytes) : rule.types.includes((eventType ?? json?.result())!);
 }
 
 /** The parts as one array: the part itself when there is one (no copy). */

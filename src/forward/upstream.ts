@@ -1,8 +1,9 @@
 import type { Role } from "../routing/types";
+import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../state/health-table";
 import type { LegOutcome, LegReport } from "../state/types";
 import type { TraceContext } from "../observability/trace";
 import type { EngineError } from "./engine-error";
-import type { NodeAccess } from "./node-fetch";
+import type { NodeAccess } from "../config/node-access";
 
 /** A node as the forwarding code needs it. */
 export interface UpstreamNode {
@@ -11,7 +12,7 @@ export interface UpstreamNode {
   bootstrapPort: number;
   /** the address decode nodes use for this node's bootstrap server (IPv6 in brackets) */
   bootstrapHost: string;
-  /** how requests reach it (binding, bearer token, Access service token): src/forward/node-fetch.ts */
+  /** how requests reach it (binding, bearer token, Access service token): src/config/node-access.ts */
   access: NodeAccess;
 }
 
@@ -64,10 +65,6 @@ export function statusOutcome(status: number, answeredBy: "engine" | "front" | n
 
 /** Who answered a status: the engine's serving layer (its errors are JSON) or something in front of it. */
 export const answeredByOf = (headers: Headers): "engine" | "front" => ((headers.get("content-type") ?? "").includes("json") ? "engine" : "front");
-
-/** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
-export const BUSY_RETRY_DEFAULT_MS = 1_000;
-export const BUSY_RETRY_MAX_MS = 300_000;
 
 /** RFC 9110 10.2.3: delay-seconds, or an HTTP-date (IMF-fixdate, or the obsolete RFC 850 and asctime forms, section 5.6.7). */
 const DELAY_SECONDS = /^\d+$/;

@@ -5,11 +5,10 @@ import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
-import type { HistoryPoint } from "../state/node-history";
-import type { ClusterSnapshot, Histogram, KeyCount } from "../state/types";
-import { TIERS } from "../state/admission-queue";
-import { ADMISSION_REFUSALS } from "../state/edge-admission";
+import { TIERS } from "../config/cluster-view";
+import { ADMISSION_REFUSALS } from "./cluster-snapshot";
 import type { Role } from "../routing/types";
+import type { ClusterSnapshot, Histogram, HistoryPoint, KeyCount } from "./cluster-snapshot";
 import { background, logRequest } from "./log";
 import type { MetricFamily, Sample } from "./prometheus";
 
@@ -28,7 +27,7 @@ const histogram = (name: string, help: string, h: Histogram): MetricFamily => ({
 const one = (value: number | boolean): Sample[] => [{ value: +value }];
 
 /**
- * The metric families of the router (README, Metrics: the HELP texts are one line, the table has
+ * The metric families of the router (docs/operations.md, Metrics: the HELP texts are one line, the table has
  * the detail). Pure: no env, no clock.
  */
 export function clusterMetrics({ snapshot, keys, config }: MetricsInput): MetricFamily[] {

@@ -1,5 +1,5 @@
 import type { ClusterConfig, NodeConfig } from "../config/schema";
-import { nodeAccess, nodeGet } from "../forward/node-fetch";
+import { nodeAccess, nodeGet } from "../config/node-access";
 
 /** How long one isolate reuses the union it built for a document version before asking again. */
 export const MODELS_CACHE_MS = 30_000;

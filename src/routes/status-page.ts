@@ -3,7 +3,7 @@ import { RouterError } from "../errors";
 // The operators' status page: assets/status.html, one self-contained HTML document (inline CSS
 // and JS, no framework, no external assets; what it does is described at its top). It is a
 // static asset (wrangler.toml [assets]), not part of the Worker's code: a cold start does not
-// load its 25 KB (README, "Bundle size"). The Worker alone decides who gets it (status.ts), reads
+// load its 25 KB (docs/operations.md, "Bundle size"). The Worker alone decides who gets it (status.ts), reads
 // it through the ASSETS binding and sends it with a strict CSP that allows its own script only.
 
 const PAGE = "/status.html";

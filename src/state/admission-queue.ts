@@ -1,16 +1,6 @@
-/** admission.* of the cluster document (SPEC 8, 9) */
-export interface AdmissionSettings {
-  queueMs: number;
-  maxQueued: number;
-  /** a `flex` request whose predicted TTFT exceeds this is refused at once (503 slo_unmeetable); null: no objective */
-  ttftSloMs?: number | null | undefined;
-  /** `apiKey`: waiters of a tier are served round-robin across API keys; `none`: in deadline order */
-  fairShare?: "apiKey" | "none" | undefined;
-}
+import { TIERS, type AdmissionSettings, type Tier } from "../config/cluster-view";
 
-/** Service tiers (SPEC 9), highest first: OpenAI's `service_tier`, with `auto` read as `default`. */
-export const TIERS = ["priority", "default", "flex"] as const;
-export type Tier = (typeof TIERS)[number];
+export { TIERS, type AdmissionSettings, type Tier };
 
 /** Which band a request waits in, and whose share it counts against. */
 export interface WaiterClass {

@@ -1,6 +1,5 @@
-import type { AdmissionSettings } from "./admission-queue";
+import type { AdmissionSettings, SignalSettings } from "../config/cluster-view";
 import type { AlarmJob } from "./alarm-schedule";
-import type { SignalSettings } from "./engine-signals";
 import type { ClusterView } from "./types";
 
 // The cluster view's settings as the object reads them, with the SPEC 8 defaults for a view saved

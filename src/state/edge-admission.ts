@@ -1,4 +1,5 @@
 import type { ScoredCandidate } from "../routing/types";
+import { ADMISSION_REFUSALS } from "../observability/cluster-snapshot";
 import { AdmissionQueue, TIERS, type AdmissionSettings, type QueueRefusal, type Tier, type WaiterClass } from "./admission-queue";
 import { retryAfterSOf } from "./cluster-settings";
 import { newHistogram, observe } from "./histogram";
@@ -18,7 +19,7 @@ const RELEASE_WINDOW_MS = 60_000;
 const RELEASES_KEPT = 512;
 
 /** Every reason a request is refused at the edge (the metric's `reason` label). */
-export const ADMISSION_REFUSALS = ["queue_full", "timeout", "shed", "fair_share_exceeded", "slo_unmeetable"] as const;
+export { ADMISSION_REFUSALS };
 type Refusal = (typeof ADMISSION_REFUSALS)[number];
 
 /**

@@ -1,15 +1,8 @@
+import type { SignalSettings } from "../config/cluster-view";
 import { isBusy } from "../routing/kv-guard";
 import type { NodeSignals as RoutingSignals } from "../routing/types";
 import type { EngineReading } from "./engine-metrics";
 import type { NodeSignalsStatus } from "./types";
-
-/** signals.* of the cluster document (SPEC 8) */
-export interface SignalSettings {
-  intervalMs: number;
-  staleMs: number;
-  kvBusy: number;
-  queueBusy: number;
-}
 
 /**
  * A node's signals as routing sees them: the last poll projected forward by what was sent since

@@ -1,6 +1,10 @@
-import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../forward/upstream";
-import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type HealthSettings, type NodeHealth } from "./health";
+import type { HealthSettings } from "../config/cluster-view";
+import { freshHealth, isHealthy, onFailure, onInconclusive, onPicked, onProbe, onSuccess, type NodeHealth } from "./health";
 import type { LegReport } from "./types";
+
+/** How long a busy node asked to be left alone when it gave no retry-after, and the most we honour. */
+export const BUSY_RETRY_DEFAULT_MS = 1_000;
+export const BUSY_RETRY_MAX_MS = 300_000;
 
 /** Each node's health record (transitions in health.ts), kept in step with the document's nodes. */
 export class NodeHealthTable {

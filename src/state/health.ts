@@ -1,18 +1,7 @@
 // Passive (circuit breaker) and active (probe) health of one node, as pure transitions.
 // The Durable Object keeps one NodeHealth per node and applies these with its clock.
-
-export interface HealthSettings {
-  intervalMs: number;
-  /** absent: the protocol's default (probeSettings) */
-  probeTimeoutMs?: number | undefined;
-  /** absent: the protocol's default (probeSettings) */
-  probePath?: string | undefined;
-  downAfter: number;
-  upAfter: number;
-  ejectAfter: number;
-  ejectBaseMs: number;
-  ejectMaxMs: number;
-}
+import type { HealthSettings } from "../config/cluster-view";
+import type { BreakerState } from "../observability/cluster-snapshot";
 
 export interface ProbeSettings {
   path: string;
@@ -44,8 +33,6 @@ export function probeSettings(cluster: { protocol: string; health: HealthSetting
     timeoutMs: h.probeTimeoutMs ?? Math.max(1, Math.min(defaults.timeoutMs, Math.floor(h.intervalMs / 2))),
   };
 }
-
-export type BreakerState = "closed" | "open" | "half_open";
 
 export interface NodeHealth {
   /** active probes: false once `downAfter` probes in a row failed, true again after `upAfter` good ones */

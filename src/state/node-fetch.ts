@@ -1,5 +1,5 @@
 import type { NodeReach } from "../config/schema";
-import { nodeAccess, nodeGet } from "../forward/node-fetch";
+import { nodeAccess, nodeGet } from "../config/node-access";
 import { pollTimeoutMsOf } from "./cluster-settings";
 import { readEngineMetrics, type EngineReading } from "./engine-metrics";
 import { probeSettings } from "./health";
@@ -15,7 +15,7 @@ export interface ReachableNode {
 
 /**
  * The one place the object fetches a node (probes, /metrics polls): the way every leg reaches it
- * (its VPC binding, its Access service token: src/forward/node-fetch.ts) and with its bearer
+ * (its VPC binding, its Access service token: src/config/node-access.ts) and with its bearer
  * token — SGLang's --api-key middleware lets only /health*, /ready* and /metrics* through without
  * one (sgl-project/sglang python/sglang/srt/utils/auth.py `decide_request_auth`), and the sglang
  * protocol probes /v1/models (src/state/health.ts says why). Never follows a redirect; the

@@ -1,16 +1,6 @@
-/** One sample of a node's figures, for the status page's charts. */
-export interface NodeSample {
-  node: string;
-  inflight: number;
-  /** the engine's reported KV use 0..1, null without a fresh poll */
-  kvUsage: number | null;
-  queue: number | null;
-}
+import type { HistoryPoint } from "../observability/cluster-snapshot";
 
-export interface HistoryPoint {
-  t: number;
-  nodes: NodeSample[];
-}
+export type { HistoryPoint };
 
 /**
  * The last minutes of per-node figures, sampled by the object's alarm (each probe or poll), so

@@ -1,7 +1,8 @@
 import type { Role } from "../routing/types";
 import { signalsOf } from "./cluster-settings";
 import type { EdgeAdmission } from "./edge-admission";
-import type { EngineSignals, SignalSettings } from "./engine-signals";
+import type { SignalSettings } from "../config/cluster-view";
+import type { EngineSignals } from "./engine-signals";
 import { breakerState, isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
 import { type LeaseTable, newLoad } from "./leases";

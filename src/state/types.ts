@@ -1,42 +1,12 @@
-import type { Decision, Role, SelectionError, SelectionPolicy } from "../routing/types";
-import type { NodeReach } from "../config/schema";
-import type { UsageDetailsVerdict } from "../observability/usage-details";
-import type { AdmissionSettings, Tier } from "./admission-queue";
+import type { ClusterView, Tier } from "../config/cluster-view";
+import type { Decision, SelectionError } from "../routing/types";
+import type { ClusterSnapshot, Histogram, KeyCount, NodeSignalsStatus, NodeStatus } from "../observability/cluster-snapshot";
 import type { EngineUsage } from "./cache-feedback";
-import type { SignalSettings } from "./engine-signals";
-import type { BreakerState, HealthSettings } from "./health";
-import type { HistoryPoint } from "./node-history";
 
-/** The part of the cluster document the Durable Object needs; sent with every call that routes. */
-export interface ClusterView {
-  version: string;
-  /**
-   * When the sending isolate first read this version from KV (ms since the epoch): the object
-   * never lets a view read earlier replace one read later (an isolate still on the old document
-   * must not flip the object back). Absent in views saved before it: oldest.
-   */
-  readAt?: number | undefined;
-  protocol: "vllm" | "vllm-mooncake" | "sglang" | "colocated";
-  policy: SelectionPolicy;
-  health: HealthSettings;
-  /** absent in a view saved before signals existed: the defaults apply */
-  signals?: SignalSettings | undefined;
-  admission?: AdmissionSettings | undefined;
-  nodes: Array<{
-    id: string;
-    url: string;
-    role: "prefill" | "decode" | "both";
-    group?: string | undefined;
-    weight: number;
-    drain: boolean;
-    models?: string[] | undefined;
-    /** how the node is reached and its token's secret name, for the probes (src/forward/node-fetch.ts); absent in views stored before them */
-    reach?: NodeReach | undefined;
-    apiKeySecret?: string | undefined;
-    /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
-    localPrefill?: boolean | undefined;
-  }>;
-}
+/** The document's view the object routes with: built by the config layer, so defined there. */
+export type { ClusterView };
+/** What the object shows operators: observability renders it, so defined there. */
+export type { ClusterSnapshot, Histogram, KeyCount, NodeSignalsStatus, NodeStatus };
 
 export interface RouteRequest {
   /** version of the document the Worker routes with; the view itself only when the object asks for it */
@@ -74,7 +44,7 @@ export interface RouteRequest {
 
 /** Why a request that waited at the edge was not admitted. */
 export type AdmissionError =
-  /** every decode node is busy: the queue is full, the request waited `queueMs`, or one of a higher tier took its place */
+  /** every decode node is busy: the queue is full, or the request waited `queueMs` */
   | { kind: "cluster_busy"; reason: "queue_full" | "timeout" | "shed"; retryAfterS: number }
   /** its API key holds more than its share of a full queue while other keys wait (429) */
   | { kind: "fair_share_exceeded"; retryAfterS: number }
@@ -90,7 +60,8 @@ export type RouteResponse =
       leaseId: string | null;
       decision: Decision;
       queuedMs?: number;
-      wouldWait?: { queued: number } /** decided under this document version, not the request's (it waited through an edit) */;
+      wouldWait?: { queued: number };
+      /** decided under this document version, not the request's (it waited through an edit) */
       version?: string;
     }
   | { ok: false; error: SelectionError | { kind: "stale_view" } | AdmissionError };
@@ -133,89 +104,4 @@ export interface FailoverResponse {
   next: string | null;
   /** a local prefill's D failed: the P the request now goes through (P then `next`) */
   prefill?: string;
-}
-
-export interface NodeStatus {
-  id: string;
-  url: string;
-  roles: Role[];
-  group: string | null;
-  weight: number;
-  drain: boolean;
-  healthy: boolean;
-  probeUp: boolean;
-  breaker: BreakerState;
-  ejectedUntil: number;
-  /** until when the node asked to be left alone (a 503/429's retry-after; epoch ms), null when it did not or that time passed */
-  busyUntil: number | null;
-  failureStreak: number;
-  failuresTotal: number;
-  usageAnomalies: number;
-  lastFailureAt: number;
-  /** tokens: KV tokens of the decode streams open on it; prefillTokens: uncached tokens of its prefills running */
-  inflight: { prefill: number; decode: number; tokens: number; prefillTokens: number };
-  requestsTotal: { prefill: number; decode: number };
-  /** whether the node's prefill answers carry prompt_tokens_details (observability/usage-details.ts) */
-  usageDetails?: UsageDetailsVerdict;
-  /** the engine's last /metrics reading (null until a poll answered) and its projection now (null when stale) */
-  signals: NodeSignalsStatus | null;
-  /**
-   * cache-hit feedback: cached tokens the router predicted and the engine reported (summed), times
-   * the node was taken to have lost its cache, and its learned characters per token
-   */
-  prefix: { predictedTokens: number; cachedTokens: number; cacheLost: number; charsPerToken: number };
-}
-
-export interface NodeSignalsStatus {
-  /** reported by the engine at its last poll */
-  kvUsage: number | null;
-  waiting: number | null;
-  running: number | null;
-  kvCapacityTokens: number | null;
-  /** when that poll answered (epoch ms) and how old it is */
-  at: number;
-  ageMs: number;
-  /** the projection routing uses now: null when the reading is older than signals.staleMs */
-  projected: { kvUsage: number | null; queue: number | null } | null;
-  busy: boolean;
-}
-
-export interface ClusterSnapshot {
-  version: string | null;
-  nodes: NodeStatus[];
-  leases: number;
-  /** leases that expired unreleased (their request stopped renewing without finishing) */
-  expiredLeases: number;
-  requests: Array<{ route: string; status: number; count: number }>;
-  decisions: Array<{ role: Role; rule: string; count: number }>;
-  /** how requests were served (disaggregated / local / colocated) and why */
-  disagg: Array<{ mode: string; reason: string; count: number }>;
-  prefix: { prefillEntries: number; decodeEntries: number; maxEntries: number; lookedUpBlocks: number; matchedBlocks: number };
-  latency: { ttfb: Histogram; prefill: Histogram };
-  /** requests waiting at the edge now (in all and per tier), how long the admitted ones waited, and the ones refused by reason and tier */
-  admission: {
-    queued: number;
-    /** absent in a snapshot from an object that predates tiers */
-    queuedByTier?: Array<{ tier: string; count: number }>;
-    wait: Histogram;
-    rejected: Array<{ reason: string; tier?: string; count: number }>;
-  };
-  /** the last minutes of per-node figures (status page charts) */
-  history: HistoryPoint[];
-  now: number;
-}
-
-export interface Histogram {
-  /** upper bounds in seconds, ascending; the +Inf bucket is implied by `count` */
-  bounds: number[];
-  /** cumulative-free counts per bound (not cumulative) */
-  counts: number[];
-  sum: number;
-  count: number;
-}
-
-/** Requests counted under one API key label (a short hash of the key). */
-export interface KeyCount {
-  key: string;
-  count: number;
 }

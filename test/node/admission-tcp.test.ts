@@ -1,7 +1,7 @@
 // The admission queue over real TCP, against the Worker in workerd: what happens to a request
 // whose client leaves while it waits for a decode node. Measured here: local workerd delivers no
 // request.signal to a handler awaiting a Durable Object call when its client disconnects (as for
-// any departure before the response starts; README "Clients that leave"), so the router cannot
+// any departure before the response starts; docs/lifecycle.md "Clients that leave"), so the router cannot
 // take it out of the queue at once there. On Cloudflare the signal fires and the Worker's finish
 // call takes it out (tested in-process in test/worker/signals-admission.test.ts). Either way the
 // request ends exactly once, its lease released, within CLIENT_STALL_MS of being admitted.

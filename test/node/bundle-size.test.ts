@@ -4,7 +4,7 @@ import { describe, expect, it } from "vitest";
 // @ts-expect-error plain JavaScript module without type declarations
 import { BUDGET_GZIP_KIB, measureBundle, overBudget } from "../../scripts/bundle-size.mjs";
 
-// The Worker's size is held to a budget: every isolate loads it on a cold start (README,
+// The Worker's size is held to a budget: every isolate loads it on a cold start (docs/operations.md,
 // "Bundle size"). `npm run size` (and .ci/run) print what it is made of; this keeps the gate
 // itself honest and fails `npm test` too when the Worker outgrows the budget.
 

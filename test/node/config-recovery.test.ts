@@ -1,5 +1,5 @@
 // A new isolate that meets an invalid cluster document serves the last valid one, which the
-// Durable Object kept (README, "The cluster document"). Over TCP: the Worker in workerd is
+// Durable Object kept (docs/operations.md, "The cluster document"). Over TCP: the Worker in workerd is
 // stopped and started again on the same state (KV, Durable Object storage) — a new isolate, as
 // after a deploy or an eviction — with an invalid document written to KV meanwhile.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

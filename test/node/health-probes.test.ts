@@ -1,4 +1,4 @@
-// Active health probes over TCP (README, Health): the Durable Object's alarm GETs each node's
+// Active health probes over TCP (docs/routing.md, Health): the Durable Object's alarm GETs each node's
 // probe path within probeTimeoutMs, and a redirect is a failed probe, never followed. The nodes
 // here are small servers that model what goes wrong: one accepts the connection and never answers
 // (a wedged process behind a live port), one answers its /health with a 302 to a healthy address

@@ -2,9 +2,9 @@
 // a busy node's retry-after, the DP ranks of a Mooncake /query answer.
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
-import { nodeAccess } from "../../src/forward/node-fetch";
-import { BUSY_RETRY_MAX_MS, retryAfterMs, statusOutcome } from "../../src/forward/upstream";
-import { NodeHealthTable } from "../../src/state/health-table";
+import { nodeAccess } from "../../src/config/node-access";
+import { retryAfterMs, statusOutcome } from "../../src/forward/upstream";
+import { BUSY_RETRY_MAX_MS, NodeHealthTable } from "../../src/state/health-table";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
 
 const doc = (node: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({

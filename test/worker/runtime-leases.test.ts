@@ -1,5 +1,5 @@
 // A request the runtime dropped: its lease expires, is released and counted as a 499 with a
-// `lease_expired` log line naming the request (README, the request life cycle, 6). LEASE_TTL_MS
+// `lease_expired` log line naming the request (docs/lifecycle.md, the life cycle, 6). LEASE_TTL_MS
 // is 1 s in the worker-runtime project (vitest.config.ts).
 //
 // No client can make workerd drop a live request from outside (a request that lives renews its

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { probeSettings, type HealthSettings } from "../../../src/state/health";
+import type { HealthSettings } from "../../../src/config/cluster-view";
+import { probeSettings } from "../../../src/state/health";
 
 const health = (fields: Partial<HealthSettings> = {}): HealthSettings => ({
   intervalMs: 10_000,

@@ -5,7 +5,7 @@ import { RoundRobinCursors } from "../../../src/state/cursors";
 import { EdgeAdmission } from "../../../src/state/edge-admission";
 import type { EngineReading } from "../../../src/state/engine-metrics";
 import { EngineSignals } from "../../../src/state/engine-signals";
-import type { HealthSettings } from "../../../src/state/health";
+import type { HealthSettings } from "../../../src/config/cluster-view";
 import { NodeHealthTable } from "../../../src/state/health-table";
 import { LeaseTable } from "../../../src/state/leases";
 import { NodeHistory } from "../../../src/state/node-history";

@@ -1,7 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS } from "../../../src/forward/upstream";
 import { isHealthy } from "../../../src/state/health";
-import { NodeHealthTable } from "../../../src/state/health-table";
+import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS, NodeHealthTable } from "../../../src/state/health-table";
 import { HEALTH } from "./fixtures";
 
 // The busy window in the health table (issue 18 item 6): a leg that ended `busy` (503/429) leaves

@@ -1,4 +1,4 @@
-import type { NodeReach } from "../config/schema";
+import type { NodeReach } from "./schema";
 
 // How the router reaches a node. Every request to a node — P and D legs, handle releases,
 // Mooncake's bootstrap /query, health probes, /v1/models, /metrics polls — goes through
