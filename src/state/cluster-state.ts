@@ -104,7 +104,7 @@ export class ClusterState extends DurableObject {
       if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
     }
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
-    const admitted = this.#admission.wait(req, req.leaseId ?? this.#leases.newId(now), now, admission, retryAfterSOf(cluster));
+    const admitted = this.#admission.wait(req, req.leaseId ?? this.#leases.newId(now), now, admission, this.#retryAfterS(cluster, now));
     this.#armWake();
     return admitted;
   }
@@ -284,12 +284,24 @@ export class ClusterState extends DurableObject {
     if (this.#admission.size > 0) queueMicrotask(() => this.#admitWaiting());
   }
 
+  /**
+   * The retry-after a refused waiter is given: the next poll of the engines' signals; when every
+   * decode node is in a busy window its 429/503 opened, what is left of the earliest (issue 25
+   * item 7: a window of 60 s was answered "retry after 1").
+   */
+  #retryAfterS(cluster: ClusterView | null, now: number): number {
+    const poll = retryAfterSOf(cluster);
+    const windows = (cluster?.nodes ?? []).filter((n) => n.role !== "prefill").map((n) => this.health.view(n.id).busyUntil);
+    if (!windows.length || windows.some((until) => until <= now)) return poll;
+    return Math.max(1, Math.ceil((Math.min(...windows) - now) / 1000));
+  }
+
   /** Offers the waiting requests what the nodes can take now (edge-admission.ts), then re-arms the wake-up. */
   #admitWaiting(): void {
     const cluster = this.cluster;
     const now = Date.now();
     this.#sweep(now, this.#admission.reserving);
-    this.#admission.offer(now, cluster, this.#leases, (req) => this.#decide(req, cluster!, now, true));
+    this.#admission.offer(now, cluster, this.#leases, (req) => this.#decide(req, cluster!, now, true), this.#retryAfterS(cluster, now));
     this.#armWake();
   }
 

@@ -145,10 +145,9 @@ export class EdgeAdmission {
    * out (503 cluster_busy). An admitted request's lease becomes a reservation until its Worker
    * confirms it.
    */
-  offer(now: number, cluster: ClusterView | null, leases: LeaseTable, route: (req: RouteRequest) => RouteResponse): void {
+  offer(now: number, cluster: ClusterView | null, leases: LeaseTable, route: (req: RouteRequest) => RouteResponse, retryAfterS = retryAfterSOf(cluster)): void {
     // confirmed, released or expired: no longer a reservation to watch
     for (const [id, until] of this.#reservations) if (until <= now || !leases.get(id)) this.#reservations.delete(id);
-    const retryAfterS = retryAfterSOf(cluster);
     for (const w of this.#queue.expire(now)) this.#refuse(w.item.answer, "timeout", w.tier, retryAfterS);
     // Requests for the same model see the same decode nodes: once one is refused in this pass, the
     // rest are too (a pinned request depends on its own node, so it is always tried).

@@ -143,6 +143,22 @@ describe("a node's retry-after is honoured", () => {
     await expectNoLoad();
   });
 
+  it("every D in a 60 s window: a request refused at the edge is told to come back when the earliest window ends, not at the next poll", async () => {
+    await putCluster({ protocol: "vllm", policy: rr, nodes: PD2, admission: { queueMs: 300 } });
+    await fault("d0", busy("60"));
+    await fault("d1", busy("60"));
+    const opened = await post("/v1/chat/completions", chat("both full for a minute"));
+    expect(opened.status).toBe(503);
+    await opened.arrayBuffer();
+    const res = await post("/v1/chat/completions", chat("refused at the edge"));
+    expect(res.status).toBe(503);
+    expect(((await res.json()) as any).error.code).toBe("cluster_busy");
+    // the poll interval (5 s by default) would say 5
+    expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(30);
+    expect(Number(res.headers.get("retry-after"))).toBeLessThanOrEqual(60);
+    await expectNoLoad();
+  });
+
   it("the only P in its window still prefills: prefill never waits or fails for it", async () => {
     await putCluster({
       protocol: "vllm",
