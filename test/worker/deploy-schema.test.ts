@@ -5,6 +5,9 @@ import { parseClusterDocument } from "../../src/config/schema";
 import { nodeAccess } from "../../src/forward/node-fetch";
 import { BUSY_RETRY_MAX_MS, retryAfterMs } from "../../src/forward/upstream";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 const doc = (node: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({
   protocol: "colocated",

@@ -1,6 +1,9 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { editMembers, memberText } from "../../src/forward/json-text";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // Bodies are edited as text so the client's bytes (and integers beyond 2^53) pass unchanged;
 // the edit must still mean exactly "drop these members, set those".

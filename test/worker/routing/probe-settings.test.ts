@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { probeSettings, type HealthSettings } from "../../../src/state/health";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const health = (fields: Partial<HealthSettings> = {}): HealthSettings => ({
   intervalMs: 10_000,
