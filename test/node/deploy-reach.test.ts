@@ -176,12 +176,7 @@ describe("1. Cloudflare Access: the service token from NODE_* secrets, on every 
     const res = await post("/v1/chat/completions", chat("behind access"), { "cf-access-client-id": "client-sent", "cf-access-client-secret": "client-sent" });
     expect(res.status).toBe(200);
     await res.arrayBuffer();
-    await until(
-      "p0 probed",
-      passages,
-      () => to(P0_ACCESS, (p) => p.url.endsWith("/health")).length > 0 && to(D0_ACCESS, (p) => p.url.endsWith("/health")).length > 0,
-      8000,
-    );
+    await until("p0 probed", passages, () => to(P0_ACCESS, (p) => p.url.endsWith("/health")).length > 0 && to(D0_ACCESS, (p) => p.url.endsWith("/health")).length > 0, 8000);
     const atP = to(P0_ACCESS);
     expect(atP.some((p) => p.method === "POST")).toBe(true);
     for (const p of atP) {

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { MAX_BATCH_PROMPTS } from "../../src/forward/batch";
 import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 import { startScriptedEngine, sseHead, writeDrained, type ScriptedEngine } from "./scripted-engine";
+import { seededRandom } from "../support/seeded";
 
 const STALL_MS = 1000;
 const TIMEOUTS = { prefillMs: 3000, decodeFirstByteMs: 3000, decodeIdleMs: 2000, nonStreamMs: 3000 };
@@ -68,10 +69,11 @@ beforeEach(async () => {
 });
 
 let seq = 0;
+const random = seededRandom(74);
 const newId = (what: string) => `lcb-${what}-${Date.now().toString(36)}-${seq++}`;
 const batchBody = (k: number, extra: Record<string, unknown> = {}) => ({
   model: "sim-model",
-  prompt: Array.from({ length: k }, (_, i) => `prompt ${i} of a batch ${Math.random()}`),
+  prompt: Array.from({ length: k }, (_, i) => `prompt ${i} of a batch ${random()}`),
   max_tokens: MAX_TOKENS,
   stream: true,
   ...extra,
@@ -182,7 +184,7 @@ describe("1. a batched stream whose client leaves: every prompt's legs closed, e
     const id = newId("p-fails");
     rig.engine("p0").setFault({ mode: "status500", count: 1 });
     // prompts of ~25k tokens: P prefills each for ~250 ms, one after another, when the first fails
-    const body = { ...batchBody(3), prompt: [0, 1, 2].map((i) => `${i} ${"long prompt ".repeat(8000)} ${Math.random()}`) };
+    const body = { ...batchBody(3), prompt: [0, 1, 2].map((i) => `${i} ${"long prompt ".repeat(8000)} ${random()}`) };
     const res = await request(rig.url, { path: "/v1/completions", body, headers: { "x-request-id": id } });
     expect(res.status).toBe(502);
     expect(JSON.parse(res.body).error).toMatchObject({ type: "upstream_error" });
@@ -284,7 +286,7 @@ describe(`4. a batch has at most ${MAX_BATCH_PROMPTS} prompts, and counts as its
   });
 
   it(`the rate limiter counts a batch as its prompts: ${RATE_LIMIT} a minute is three batches of ${MAX_BATCH_PROMPTS}, and the refused one sends nothing`, async () => {
-    const ip = `198.51.100.${1 + Math.floor(Math.random() * 250)}`;
+    const ip = `198.51.100.${1 + Math.floor(random() * 250)}`;
     let limited: { status: number; body: string; headers: Record<string, unknown> } | null = null;
     let answered = 0;
     let upstreamBefore = 0;

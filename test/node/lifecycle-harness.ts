@@ -11,6 +11,7 @@ import { expect } from "vitest";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
+import { seededRandom } from "../support/seeded";
 
 export const ADMIN_TOKEN = "lifecycle-admin-token";
 
@@ -202,8 +203,9 @@ export async function expectEnginesIdle(rig: Rig, ms: number): Promise<Record<st
   ).value;
 }
 
+const random = seededRandom(206);
 export function chatBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
-  return { model: "sim-model", messages: [{ role: "user", content: `hello ${Math.random()}` }], max_tokens: 8, ...extra };
+  return { model: "sim-model", messages: [{ role: "user", content: `hello ${random()}` }], max_tokens: 8, ...extra };
 }
 
 /** A raw HTTP/1.1 request on its own socket: the test decides when the client leaves. */
