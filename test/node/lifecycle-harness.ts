@@ -6,7 +6,7 @@ import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { expect } from "vitest";
+import { expect, type TestContext } from "vitest";
 // @ts-expect-error plain JS module of the simulator
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
@@ -170,6 +170,18 @@ export async function startRig(o: RigOptions): Promise<Rig> {
     },
   };
   return rig;
+}
+
+/**
+ * workerd's memory and CPU so far (Rig.workerd). They come from /proc: where it does not exist
+ * (not Linux) the test is reported skipped with the reason, never passed without its bounds; on
+ * Linux an unreadable /proc fails the test.
+ */
+export async function workerdFigures(rig: Rig, ctx: TestContext): Promise<{ rssKb: number; cpuMs: number }> {
+  const figures = await rig.workerd();
+  if (figures) return figures;
+  if (process.platform !== "linux") ctx.skip(`no /proc on ${process.platform}: workerd's CPU and memory cannot be measured, so this bound is not checked`);
+  throw new Error("workerd's /proc entries could not be read: its CPU and memory bounds cannot be checked");
 }
 
 /** Polls `read` until `ok`; throws naming what was awaited and the last value seen. Resolves with the value and the time it took. */
