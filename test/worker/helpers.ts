@@ -37,7 +37,16 @@ export async function stopFileEngines(): Promise<void> {
   if (!fileEngines) return;
   const { id } = fileEngines;
   fileEngines = null;
-  await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+  // A DELETE is idempotent (an unknown id answers ok), and the run's teardown closes every cluster
+  // anyway: a connection lost on a busy machine is tried once more, not a failed file.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+      return;
+    } catch (err) {
+      if (attempt === 2) throw err;
+    }
+  }
 }
 
 export const engineUrl = (id: string) => {
