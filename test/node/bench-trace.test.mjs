@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { BLOCK_CHARS, blockText, promptOfTraceRequest, traceCeiling } from '../../bench/lib/trace.mjs';
 import { chainedBlockHashes } from '../../sim/prefix-cache.mjs';
+import { mulberry32 } from '../../bench/lib/text.mjs';
 
 const commonPrefix = (a, b) => {
   let i = 0;
@@ -59,9 +60,10 @@ describe('prompt text from hash ids', () => {
   });
 
   it('any two different ids differ within the few characters of their tag', () => {
+    const random = mulberry32(63);
     for (let k = 0; k < 200; k++) {
-      const x = Math.floor(Math.random() * 200000);
-      const y = Math.floor(Math.random() * 200000);
+      const x = Math.floor(random() * 200000);
+      const y = Math.floor(random() * 200000);
       if (x === y) continue;
       const a = promptOfTraceRequest({ input_length: 1024, hash_ids: [0, x] });
       const b = promptOfTraceRequest({ input_length: 1024, hash_ids: [0, y] });

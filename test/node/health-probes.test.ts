@@ -8,7 +8,11 @@ import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRig, until, type Rig } from "./lifecycle-harness";
 
-const PROBE_TIMEOUT_MS = 300;
+/**
+ * Every node gets it, the healthy ones too: far above what a healthy answer takes on a busy
+ * machine (300 ms marked a healthy node down there), and below the interval as it must be.
+ */
+const PROBE_TIMEOUT_MS = 1500;
 
 interface Probed {
   url: string;
@@ -63,8 +67,8 @@ beforeAll(async () => {
     ],
     document: (url) => ({
       protocol: "vllm",
-      // a probe a second (the smallest interval), one failed probe marks a node down
-      health: { intervalMs: 1000, probeTimeoutMs: PROBE_TIMEOUT_MS, downAfter: 1, upAfter: 1 },
+      // a probe every 2 s, one failed probe marks a node down (and one good one up again)
+      health: { intervalMs: 2000, probeTimeoutMs: PROBE_TIMEOUT_MS, downAfter: 1, upAfter: 1 },
       nodes: [
         { id: "p0", url: url("p0"), role: "prefill" },
         { id: "d0", url: url("d0"), role: "decode" },
@@ -83,11 +87,12 @@ afterAll(async () => {
 describe("active probes", () => {
   it("mark down a node that does not answer within probeTimeoutMs and one that redirects; the redirect is not followed", async () => {
     // the first view of the document the object gets (here: the admin status) arms its alarm
+    const up = (s: { nodes: Array<{ id: string; probeUp: boolean }> }, id: string) => s.nodes.find((n) => n.id === id)?.probeUp;
     const { value } = await until(
-      "both bad nodes probed down",
+      "both bad nodes probed down, the good ones up",
       () => rig.adminStatus(),
-      (s) => ["hangs", "redirects"].every((id) => s.nodes.find((n) => n.id === id)?.probeUp === false),
-      15000,
+      (s) => up(s, "hangs") === false && up(s, "redirects") === false && up(s, "p0") === true && up(s, "d0") === true,
+      20000,
     );
     const probeUp = Object.fromEntries(value.nodes.map((n) => [n.id, n.probeUp]));
     expect(probeUp).toEqual({ p0: true, d0: true, hangs: false, redirects: false });

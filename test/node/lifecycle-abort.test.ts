@@ -2,6 +2,11 @@
 // response starts, a D that falls silent, bodies that break, streams longer than a lease's TTL.
 // One P and one D, so no failover blurs what a fault does; timeouts, CLIENT_STALL_MS and
 // LEASE_TTL_MS are small so each case ends in about a second.
+// What these cases cannot hold: the client-abort listener (RequestLife's constructor, on
+// request.signal). This workerd never aborts request.signal when a TCP client leaves — measured
+// through Miniflare's entry socket and through a direct socket (unsafeDirectSockets), before the
+// response and mid-stream — so a departure here is seen only when a write fails or stalls.
+// test/worker/streaming.test.ts holds the listener (SELF.fetch with an AbortSignal).
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { RawClient, chatBody, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 

@@ -6,11 +6,12 @@ import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { expect } from "vitest";
+import { expect, type TestContext } from "vitest";
 // @ts-expect-error plain JS module of the simulator
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
+import { seededRandom } from "../support/seeded";
 
 export const ADMIN_TOKEN = "lifecycle-admin-token";
 
@@ -174,6 +175,18 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   return rig;
 }
 
+/**
+ * workerd's memory and CPU so far (Rig.workerd). They come from /proc: where it does not exist
+ * (not Linux) the test is reported skipped with the reason, never passed without its bounds; on
+ * Linux an unreadable /proc fails the test.
+ */
+export async function workerdFigures(rig: Rig, ctx: TestContext): Promise<{ rssKb: number; cpuMs: number }> {
+  const figures = await rig.workerd();
+  if (figures) return figures;
+  if (process.platform !== "linux") ctx.skip(`no /proc on ${process.platform}: workerd's CPU and memory cannot be measured, so this bound is not checked`);
+  throw new Error("workerd's /proc entries could not be read: its CPU and memory bounds cannot be checked");
+}
+
 /** Polls `read` until `ok`; throws naming what was awaited and the last value seen. Resolves with the value and the time it took. */
 export async function until<T>(what: string, read: () => Promise<T>, ok: (v: T) => boolean, ms: number): Promise<{ value: T; ms: number }> {
   const start = Date.now();
@@ -205,8 +218,9 @@ export async function expectEnginesIdle(rig: Rig, ms: number): Promise<Record<st
   ).value;
 }
 
+const random = seededRandom(206);
 export function chatBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
-  return { model: "sim-model", messages: [{ role: "user", content: `hello ${Math.random()}` }], max_tokens: 8, ...extra };
+  return { model: "sim-model", messages: [{ role: "user", content: `hello ${random()}` }], max_tokens: 8, ...extra };
 }
 
 /** A raw HTTP/1.1 request on its own socket: the test decides when the client leaves. */

@@ -4,11 +4,12 @@
 // the lease is released once, D's leg is closed and one log line says how it was served.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { seededRandom } from "../support/seeded";
 
 const STALL_MS = 1000;
 const TIMEOUTS = { prefillMs: 3000, decodeFirstByteMs: 3000, decodeIdleMs: 800, nonStreamMs: 3000 };
 const SLACK_MS = 1500;
-const RUN = Math.random().toString(36).slice(2, 8);
+const RUN = seededRandom(11)().toString(36).slice(2, 8);
 
 let rig: Rig;
 

@@ -3,6 +3,9 @@
 // a node URL that points back at the router, integers beyond 2^53, percent-encoded paths.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { chatBody, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { seededRandom } from "../support/seeded";
+
+const random = seededRandom(144);
 
 const NODE_TOKEN = "node-secret-that-must-not-leak-7f3a";
 const BIG = "12345678901234567890";
@@ -141,7 +144,7 @@ describe("9. integers beyond 2^53 survive on both legs", () => {
 
   it("the client's seed, and a number in P's kv_transfer_params, reach P and D as written", async () => {
     rig.engine("p0").setFault({ mode: "bigint" });
-    const marker = `big-${Math.random()}`;
+    const marker = `big-${random()}`;
     const res = await request(rig.url, { body: `{"model":"sim-model","messages":[{"role":"user","content":"${marker}"}],"max_tokens":4,"seed":${BIG}}` });
     expect(res.status).toBe(200);
     const p = bodiesWith("p0", marker);
@@ -155,7 +158,7 @@ describe("9. integers beyond 2^53 survive on both legs", () => {
 
   it("the same when the client sent router-owned fields (every leg's body is re-written)", async () => {
     rig.engine("p0").setFault({ mode: "bigint" });
-    const marker = `big-owned-${Math.random()}`;
+    const marker = `big-owned-${random()}`;
     const body = `{"model":"sim-model","messages":[{"role":"user","content":"${marker}"}],"max_tokens":4,"seed":${BIG},"kv_transfer_params":{"do_remote_decode":false,"n":${BIG}},"stream_options":{"include_usage":true},"min_tokens":1}`;
     const res = await request(rig.url, { body });
     expect(res.status).toBe(200);
@@ -171,7 +174,7 @@ describe("9. integers beyond 2^53 survive on both legs", () => {
 
 describe("10. a percent-encoded route is the route: one metric series, plain path upstream", () => {
   it("POST /v1/chat/%63ompletions", async () => {
-    const marker = `enc-${Math.random()}`;
+    const marker = `enc-${random()}`;
     const res = await request(rig.url, { path: "/v1/chat/%63ompletions", body: chatBody({ messages: [{ role: "user", content: marker }] }) });
     expect(res.status).toBe(200);
     const metrics = await rig.metrics();

@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { RawClient, expectReleased, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 import { closed, sseHead, startScriptedEngine, wait, writeDrained, type ScriptedEngine, type ScriptedRequest } from "./scripted-engine";
+import { seededRandom } from "../support/seeded";
 
 const PREFILL_MS = 1500;
 const TIMEOUTS = { prefillMs: PREFILL_MS, decodeFirstByteMs: 3000, decodeIdleMs: 3000, nonStreamMs: 3000 };
@@ -126,7 +127,8 @@ async function goodRequest() {
 
 let seq = 0;
 const newId = (what: string) => `lcp-${what}-${Date.now().toString(36)}-${seq++}`;
-const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `hello ${Math.random()}` }], max_tokens: D_EVENTS, stream: true });
+const random = seededRandom(129);
+const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `hello ${random()}` }], max_tokens: D_EVENTS, stream: true });
 const p0 = async () => (await rig.adminStatus()).nodes.find((n) => n.id === "p0")!;
 const d0 = async () => (await rig.adminStatus()).nodes.find((n) => n.id === "d0")!;
 

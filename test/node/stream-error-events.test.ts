@@ -16,6 +16,7 @@ import type http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 import { sseHead, startScriptedEngine, wait, writeDrained, type ScriptedEngine, type ScriptedRequest } from "./scripted-engine";
+import { seededRandom } from "../support/seeded";
 
 const TIMEOUTS = { prefillMs: 3000, decodeFirstByteMs: 3000, decodeIdleMs: 3000, nonStreamMs: 3000 };
 
@@ -149,7 +150,8 @@ function doc(protocol: "vllm" | "sglang", prefill: string[], decode: string[]) {
 
 let seq = 0;
 const newId = (what: string) => `lse-${what}-${Date.now().toString(36)}-${seq++}`;
-const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `hello ${Math.random()}` }], max_tokens: 8, stream: true });
+const random = seededRandom(152);
+const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `hello ${random()}` }], max_tokens: 8, stream: true });
 const failures = async () => Object.fromEntries((await rig.adminStatus()).nodes.map((n) => [n.id, n.failuresTotal]));
 const streams = (id: string) => engines[id]!.requests.filter((r) => r.body && r.json.model === "sim-model").length;
 

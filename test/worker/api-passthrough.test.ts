@@ -148,7 +148,7 @@ describe("one hop: /tokenize and /detokenize", () => {
     await expectNoLoad();
   });
 
-  it("every node down: a 502/503 envelope, the lease released", async () => {
+  it("every node down: a 502 upstream_unavailable envelope naming the node, the lease released", async () => {
     await putCluster({
       protocol: "vllm",
       policy: rr,
@@ -158,10 +158,19 @@ describe("one hop: /tokenize and /detokenize", () => {
       ],
     });
     await control("/engines/d0/stop", {});
-    const res = await post("/tokenize", { model: "sim-model", prompt: "x" });
-    expect([502, 503]).toContain(res.status);
-    expect(((await res.json()) as any).error.type).toBeTruthy();
-    await expectNoLoad();
+    try {
+      const res = await post("/tokenize", { model: "sim-model", prompt: "x" });
+      expect(res.status).toBe(502);
+      expect(res.headers.get("content-type")).toContain("application/json");
+      const json = (await res.json()) as any;
+      // the OpenAI envelope, and nothing else
+      expect(Object.keys(json)).toEqual(["error"]);
+      expect(json.error).toMatchObject({ type: "upstream_error", code: "upstream_unavailable" });
+      expect(json.error.message).toContain("d0");
+      await expectNoLoad();
+    } finally {
+      await control("/engines/d0/start", {});
+    }
   });
 
   it("the body limit applies", async () => {
@@ -285,12 +294,21 @@ describe("SGLang's native /generate", () => {
 
   it("a client cannot steer the bootstrap itself", async () => {
     await sglang();
-    const res = await post("/generate", { text: "x", sampling_params: { max_new_tokens: 2 }, bootstrap_host: "evil.example", bootstrap_room: 7 });
+    const res = await post("/generate", { text: "x", sampling_params: { max_new_tokens: 2 }, bootstrap_host: "evil.example", bootstrap_port: 1, bootstrap_room: 7 });
     expect(res.status).toBe(200);
     await res.text();
+    // both legs carry the router's bootstrap: P's address and port, a room of its own
     const [p] = await received("p1");
+    const [d] = await received("d0");
+    expect(d!.body).toBe(p!.body);
     expect(p!.body).not.toContain("evil");
-    expect(JSON.parse(p!.body).bootstrap_host).toBe("127.0.0.1");
+    const body = JSON.parse(p!.body);
+    expect({ host: body.bootstrap_host, port: body.bootstrap_port }).toEqual({ host: "127.0.0.1", port: 9123 });
+    const room = /"bootstrap_room":(\d+)/.exec(p!.body)![1]!;
+    expect(room).not.toBe("7");
+    expect(BigInt(room) <= MAX_ROOM).toBe(true);
+    expect(await violations("p1")).toEqual([]);
+    expect(await violations("d0")).toEqual([]);
     await expectNoLoad();
   });
 

@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import { ClusterConfigLoader, type ConfigSource } from "../../src/config/load";
 import { parseClusterDocument } from "../../src/config/schema";
 import { nodesPointingAt } from "../../src/config/self-origin";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 const p0 = { id: "p0", url: "http://10.0.0.1:8100", role: "prefill" };
 const d0 = { id: "d0", url: "http://10.0.0.2:8200", role: "decode" };

@@ -70,9 +70,23 @@ describe("7. releases through the Worker, against the strict simulator", () => {
     await expectNoLoad();
   }
 
+  /**
+   * d0 got one of the two requests, with P's handle, and its fault answered it: what the test says
+   * about releases is about that attempt (a test whose requests both went to d1 first would find
+   * no release for want of a failure).
+   */
+  async function d0HadTheHandle() {
+    const atD0 = await kvParamsReceived("d0");
+    expect(atD0).toHaveLength(1);
+    expect(atD0[0]!.model).toBe("sim-model");
+    expect(atD0[0]!.kv?.remote_engine_id).toBeTruthy();
+    expect((await stats("d0")).faultsInjected).toBe(1);
+  }
+
   it("D refused by a proxy in front of it (an HTML 502): released through the next D, P holds nothing", async () => {
     await fault("d0", { mode: "respond", status: 502, headers: { "content-type": "text/html" }, body: "<html>502 Bad Gateway</html>", count: 1 });
     await twoRequests();
+    await d0HadTheHandle();
     const p0 = await waitFor(
       () => stats("p0"),
       (s) => s.heldHandles === 0,
@@ -86,18 +100,21 @@ describe("7. releases through the Worker, against the strict simulator", () => {
   it("D's engine refused it (a JSON 503): no release — the engine told P itself (vLLM >= 0.21)", async () => {
     await fault("d0", { mode: "respond", status: 503, headers: { "content-type": "application/json" }, body: '{"error":{"message":"busy"}}', count: 1 });
     await twoRequests();
+    await d0HadTheHandle();
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });
 
   it("D sent its stream's headers, then nothing before decodeFirstByteMs: no release — D's engine had it", async () => {
     await fault("d0", { mode: "silent", delayMs: 6000, count: 1 });
     await twoRequests(true);
+    await d0HadTheHandle();
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });
 
   it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck): released through the next D", async () => {
     await fault("d0", { mode: "hang", count: 1 });
     await twoRequests(true);
+    await d0HadTheHandle();
     const p0 = await waitFor(
       () => stats("p0"),
       (s) => s.heldHandles === 0,

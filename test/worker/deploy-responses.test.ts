@@ -5,13 +5,16 @@
 // bootstrap fields: test/worker/api-responses.test.ts).
 import { beforeEach, describe, expect, it } from "vitest";
 import { control, expectNoLoad, post, putCluster, received, resetClusterState, resetSim } from "./helpers";
+import { seededRandom } from "../support/seeded";
+
+const random = seededRandom(14);
 
 const RUN = crypto.randomUUID().slice(0, 8);
 const rr = { prefill: "round_robin", decode: "round_robin" };
 const body = (extra: Record<string, unknown> = {}) => ({
   model: "sim-model",
   instructions: "Be brief.",
-  input: `store test ${RUN} ${Math.random()}`,
+  input: `store test ${RUN} ${random()}`,
   max_output_tokens: 4,
   ...extra,
 });

@@ -6,6 +6,9 @@ import { nodeAccess } from "../../src/config/node-access";
 import { retryAfterMs, statusOutcome } from "../../src/forward/upstream";
 import { BUSY_RETRY_MAX_MS, NodeHealthTable } from "../../src/state/health-table";
 import { ranksOf } from "../../src/forward/vllm-mooncake";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 const doc = (node: Record<string, unknown>, extra: Record<string, unknown> = {}) => ({
   protocol: "colocated",

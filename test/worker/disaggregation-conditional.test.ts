@@ -7,10 +7,11 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { control, fault, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
 import { waitFor as pollUntil } from "./engines-helpers";
 import { LOST_AFTER_MISSES } from "../../src/state/cache-feedback";
+import { seededRandom } from "../support/seeded";
 
 const P = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "prefill", ...extra });
 const D = (id: string, extra: Partial<NodeSpec> & { localPrefill?: boolean } = {}): NodeSpec => ({ id, role: "decode", ...extra });
-const RUN = Math.random().toString(36).slice(2, 8);
+const RUN = seededRandom(13)().toString(36).slice(2, 8);
 
 /** A conversation whose system prompt is `blocks` prefix blocks long (2,048 characters each, ~512 tokens). */
 function conversation(name: string, blocks = 6) {

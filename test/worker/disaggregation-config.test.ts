@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { localPrefillOf, parseClusterDocument } from "../../src/config/schema";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // SPEC 8's per-request decision in the cluster document: policy.disaggregation and its
 // thresholds, and the node field localPrefill (who may prefill alone as a decode node).

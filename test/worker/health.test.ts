@@ -264,7 +264,9 @@ describe("the breaker after its first cycle", () => {
     await control("/engines/p0/start", {});
   });
 
-  const base = 400;
+  // longer than anything a busy machine takes between a failure and reading the breaker (a whole
+  // request and a snapshot): the test reads "open" before the ejection runs out (400 ms did not hold)
+  const base = 2000;
   const breakerDoc = {
     protocol: "vllm",
     // P by affinity: the test picks session keys whose first P is p0; D by round robin
@@ -310,7 +312,7 @@ describe("the breaker after its first cycle", () => {
     await waitFor(
       async () => (await node("p0")).breaker,
       (b) => b === "half_open",
-      5000,
+      base + 5000,
     );
     await fault("p0", { mode: "hang" });
     held = new AbortController();

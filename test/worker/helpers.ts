@@ -9,14 +9,25 @@ export interface FileEngines {
 }
 
 let fileEngines: FileEngines | null = null;
+let wantsEngines = true;
+
+/**
+ * Called at the top of a test file of pure code: no engines are started for it (file-engines.ts).
+ * Twelve servers it never reaches cost a busy machine CPU, and the DELETE that stops them after
+ * its last test is one more request that can fail with the file's tests all passed.
+ */
+export function withoutFileEngines(): void {
+  wantsEngines = false;
+}
 
 /** This test file's simulated engines (started by file-engines.ts before its first test). */
 export const sim = (): FileEngines => {
-  if (!fileEngines) throw new Error("no engines yet: sim() runs before the file's beforeAll (test/worker/file-engines.ts)");
+  if (!fileEngines) throw new Error("no engines: sim() ran before the file's beforeAll (test/worker/file-engines.ts), or in a file that called withoutFileEngines()");
   return fileEngines;
 };
 
 export async function startFileEngines(): Promise<void> {
+  if (!wantsEngines) return;
   const res = await fetch(`${inject("simFactory")}/clusters`, { method: "POST" });
   if (!res.ok) throw new Error(`could not start this file's engines: ${res.status} ${await res.text()}`);
   fileEngines = await res.json();
@@ -26,7 +37,16 @@ export async function stopFileEngines(): Promise<void> {
   if (!fileEngines) return;
   const { id } = fileEngines;
   fileEngines = null;
-  await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+  // A DELETE is idempotent (an unknown id answers ok), and the run's teardown closes every cluster
+  // anyway: a connection lost on a busy machine is tried once more, not a failed file.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await (await fetch(`${inject("simFactory")}/clusters/${id}`, { method: "DELETE" })).arrayBuffer();
+      return;
+    } catch (err) {
+      if (attempt === 2) throw err;
+    }
+  }
 }
 
 export const engineUrl = (id: string) => {

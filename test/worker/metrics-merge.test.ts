@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { clusterMetrics, mergeSnapshots } from "../../src/observability/metrics";
 import type { ClusterSnapshot, Histogram } from "../../src/state/types";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // With several node pools, /metrics and the status page add up one object per pool plus the whole
 // cluster's (which also counts refused requests): counters with the same labels are summed.

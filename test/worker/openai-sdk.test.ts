@@ -1,7 +1,7 @@
 import { SELF } from "cloudflare:test";
 import OpenAI from "openai";
 import { beforeAll, describe, expect, it } from "vitest";
-import { putCluster, resetSim } from "./helpers";
+import { control, putCluster, resetSim } from "./helpers";
 
 // The official client, pointed at the router, as a user would: streaming and not, chat and completions.
 const client = new OpenAI({ apiKey: "unused", baseURL: "http://router/v1", fetch: (input, init) => SELF.fetch(input as any, init as any) as any, maxRetries: 0 });
@@ -27,23 +27,42 @@ describe("the official openai client works against the router", () => {
     expect(out.usage?.completion_tokens).toBe(5);
   });
 
-  it("chat, streaming with usage", async () => {
-    const stream = await client.chat.completions.create({
-      model: "sim-model",
-      messages: [{ role: "user", content: "Count" }],
-      max_tokens: 6,
-      stream: true,
-      stream_options: { include_usage: true },
-    });
-    let text = "";
-    let usage: OpenAI.CompletionUsage | null | undefined;
-    for await (const chunk of stream) {
-      text += chunk.choices[0]?.delta?.content ?? "";
-      if (chunk.usage) usage = chunk.usage;
+  it("chat, streaming with usage: P's prompt and cached tokens, D's completion tokens", async () => {
+    /** prompt and cached tokens both P engines counted so far */
+    const prefilled = async () => {
+      const all = await Promise.all(["p0", "p1"].map((id) => control(`/engines/${id}/stats`)));
+      return { prompt: all.reduce((n, s) => n + s.promptTokens, 0), cached: all.reduce((n, s) => n + s.cachedTokens, 0) };
+    };
+    // long enough to fill prefix blocks: the second time, its P finds them cached
+    const content = "Count the words of this request, and then count them again. ".repeat(40);
+    for (const turn of ["first", "again"]) {
+      const before = await prefilled();
+      const stream = await client.chat.completions.create({
+        model: "sim-model",
+        messages: [{ role: "user", content }],
+        max_tokens: 6,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
+      let text = "";
+      let usage: OpenAI.CompletionUsage | null | undefined;
+      for await (const chunk of stream) {
+        text += chunk.choices[0]?.delta?.content ?? "";
+        if (chunk.usage) usage = chunk.usage;
+      }
+      const after = await prefilled();
+      expect(text.length).toBeGreaterThan(0);
+      // the client's usage is what P prefilled and found cached (D pulled the rest), D's tokens
+      expect({ turn, prompt: usage?.prompt_tokens, cached: usage?.prompt_tokens_details?.cached_tokens }).toEqual({
+        turn,
+        prompt: after.prompt - before.prompt,
+        cached: after.cached - before.cached,
+      });
+      expect(usage?.completion_tokens).toBe(6);
+      expect(usage?.total_tokens).toBe(usage!.prompt_tokens + 6);
+      if (turn === "first") expect(usage?.prompt_tokens_details?.cached_tokens).toBe(0);
+      else expect(usage?.prompt_tokens_details?.cached_tokens).toBeGreaterThan(0);
     }
-    expect(text.length).toBeGreaterThan(0);
-    expect(usage?.completion_tokens).toBe(6);
-    expect(usage?.prompt_tokens_details?.cached_tokens).toBeTypeOf("number");
   });
 
   it("completions, both ways", async () => {

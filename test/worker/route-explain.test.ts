@@ -203,11 +203,9 @@ describe("POST /v1/route answers the decision with its reasons", () => {
     await expectNothingForwarded();
   });
 
-  // BUG (src/app.ts, POST /v1/route): the body's kind is guessed with the regex /"messages"\s*:/
-  // over the raw text, so a completions body with a nested "messages" key (here a JSON-schema
-  // property for structured output) is parsed as chat and refused with 400, while the real
-  // /v1/completions serves it. Fix: decide on the parsed top level, e.g. chat when the parsed
-  // object has an own `messages` field (or `prompt` is absent), completion otherwise.
+  // The body's kind is decided on its parsed top level (explainRoute, src/routes/inference.ts): a
+  // completions body whose nested "messages" key is a JSON-schema property for structured output
+  // is a completion, as /v1/completions serves it (a regex over the raw text once took it for chat).
   it('a completions body with a nested "messages" key is explained, not refused', async () => {
     const body = {
       model: "sim-model",

@@ -1,5 +1,6 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics } from "./signals-helpers";
+import { seededRandom } from "../support/seeded";
 
 // Conditional disaggregation and what the engines say about themselves (SPEC 8): a D that is busy
 // (or that this request would make busy) gets no local prefill; a P whose engine queue is at
@@ -9,7 +10,7 @@ const PD = [
   { id: "p0", role: "prefill" as const },
   { id: "d0", role: "decode" as const },
 ];
-const RUN = Math.random().toString(36).slice(2, 8);
+const RUN = seededRandom(12)().toString(36).slice(2, 8);
 const policy = { prefill: "affinity", decode: "affinity", disaggregation: "conditional" };
 
 function conversation(name: string) {

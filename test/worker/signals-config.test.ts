@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument } from "../../src/config/schema";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // The document's `signals` and `admission` blocks (SPEC 8): defaults, bounds, and a bad field named.
 

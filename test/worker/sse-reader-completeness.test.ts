@@ -2,6 +2,9 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { jsonTypeScan, sseReader, type Completeness } from "../../src/forward/sse-reader";
 import { feedReader } from "../support/sse-feed";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // Issue 19 item 5: whether a stream that ended cleanly was complete is decided on its parsed SSE
 // events — incrementally, in constant memory, whatever the chunking, the line endings, the

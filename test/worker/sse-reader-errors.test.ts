@@ -3,6 +3,9 @@ import { describe, expect, it } from "vitest";
 import { engineErrorOf } from "../../src/forward/engine-error";
 import { HOLD_MAX_BYTES, sseReader } from "../../src/forward/sse-reader";
 import { feedReader } from "../support/sse-feed";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // An engine that fails inside its stream writes an error event, then `data: [DONE]` (vLLM's
 // chat_completion/serving.py and SGLang's serving_chat.py, via create_streaming_error_response).

@@ -4,6 +4,9 @@ import { describe, expect, it } from "vitest";
 import { HOLD_MAX_BYTES, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
 import { fixUsage, fixUsageInBody, usageRewrite } from "../../src/forward/stream";
 import { feedReader, type Fed } from "../support/sse-feed";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // The one reader of D's stream (src/forward/sse-reader.ts) takes three decisions from the same
 // parsed events — the engine's error event, completeness, the data lines to rewrite — and relays

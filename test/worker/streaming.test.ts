@@ -34,8 +34,10 @@ describe("streaming: D's body reaches the client as it is produced", () => {
   afterEach(() => enginesIdle());
 
   it("delivers tokens incrementally, not in one buffered piece", async () => {
-    // 64 tokens at 15 ms each: the client reads its first token while D is still generating
-    const res = await post("/v1/chat/completions", chat("stream please", { stream: true, max_tokens: 64 }));
+    const TOKENS = 200;
+    // 200 tokens at 15 ms each (3 s): the client reads its first token while D is still generating,
+    // with seconds to spare for a busy machine to deliver it and read D's stats (64 tokens, ~1 s, did not)
+    const res = await post("/v1/chat/completions", chat("stream please", { stream: true, max_tokens: TOKENS }));
     expect(res.status).toBe(200);
     const reader = res.body!.getReader();
     const decoder = new TextDecoder();
@@ -48,14 +50,14 @@ describe("streaming: D's body reaches the client as it is produced", () => {
     const during = await control("/engines/slow/stats");
     // D's answer is still open and not all its tokens are out: the client was not waiting for the whole
     expect(during.inflight).toBe(1);
-    expect(during.outputTokens).toBeLessThan(64);
+    expect(during.outputTokens).toBeLessThan(TOKENS);
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
       text += decoder.decode(value, { stream: true });
     }
     expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
-    expect((await control("/engines/slow/stats")).outputTokens).toBe(64);
+    expect((await control("/engines/slow/stats")).outputTokens).toBe(TOKENS);
     await expectNoLoad();
   });
 

@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import { parseClusterDocument, type Problem } from "../../src/config/schema";
 import { parseInferenceRequest, type RequestKind } from "../../src/routes/request-schema";
 import { RouterError } from "../../src/errors";
+import { withoutFileEngines } from "./helpers";
+
+withoutFileEngines();
 
 // The schemas moved from zod 3 to valibot (a third of the Worker's size). Operators, scripts and
 // clients read these problems: each case below was recorded from the zod 3 schemas before the

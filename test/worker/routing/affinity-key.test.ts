@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import { affinityKey, affinityKeyMaterial, conversationKey } from "../../../src/routing/affinity-key";
 import { sha256Hex } from "../../../src/routing/hash";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const chat = (messages: unknown[], extra: Record<string, unknown> = {}) => ({ model: "m", messages, ...extra });
 const key = (body: unknown, kind: "chat" | "completion" = "chat", sessionId?: string | null) => affinityKeyMaterial({ body, kind, sessionId });

@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import { loadBound } from "../../../src/routing/bounded-load";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 describe("loadBound", () => {
   it("is ceil(loadFactor * (T + 1) * w / W)", () => {

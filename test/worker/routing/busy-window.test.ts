@@ -3,6 +3,9 @@ import { describe, expect, it } from "vitest";
 import { selectRoute } from "../../../src/routing/select";
 import type { CandidateNode, GuardSettings, PdGroupMode, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // A node inside the window a 503/429 asked for (`busy`, state/route-selection.ts) in the pure
 // selection core: like a node the decode KV guard calls busy, it is not picked while another can

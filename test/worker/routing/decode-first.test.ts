@@ -4,6 +4,9 @@ import { DECODE_KEY_DISCRIMINATOR, selectRoute } from "../../../src/routing/sele
 import { rendezvousRank } from "../../../src/routing/rendezvous";
 import type { CandidateNode, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection, testKeys, type InputFields } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // Conditional disaggregation in the selection core (SPEC 8): D first, then D alone or a P.
 

@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import { hash52, rendezvousUnit, sha256Hex } from "../../../src/routing/hash";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 describe("sha256Hex", () => {
   it("is the hex SHA-256 of the UTF-8 text", async () => {

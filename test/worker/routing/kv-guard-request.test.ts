@@ -3,6 +3,9 @@ import { isBusyFor } from "../../../src/routing/kv-guard";
 import { selectRoute } from "../../../src/routing/select";
 import type { CandidateNode, GuardSettings, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // The decode KV guard counts the request itself (SPEC 8 busy decode node; issue 17's proof): a
 // decode node holds the whole prompt of every request it runs, and on the agentic workload one

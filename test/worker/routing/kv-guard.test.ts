@@ -4,6 +4,9 @@ import { isBusy, KV_QUIET, kvBarrier } from "../../../src/routing/kv-guard";
 import { selectRoute } from "../../../src/routing/select";
 import type { CandidateNode, GuardSettings, PdGroupMode, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // The decode KV guard in the pure selection core (SPEC 8): busy decode nodes are not picked while
 // another can serve; KV use weighs in as k/(1-k) extra requests; no fresh signals, never busy.

@@ -1,6 +1,9 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { cachedEnough, decideLocalPrefill, DISAGG_DECISIONS, type LocalPrefillQuestion } from "../../../src/routing/local-prefill";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // SPEC 8's per-request question, pure: does D prefill alone?
 

@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import { canonicalPromptText, prefixBlockHashes } from "../../../src/routing/prefix-blocks";
 import { sha256Hex } from "../../../src/routing/hash";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 describe("prefixBlockHashes", () => {
   it("hashes full blocks only, each chained on the previous hash", async () => {

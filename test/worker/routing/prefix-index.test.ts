@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import { DEFAULT_MAX_BLOCKS_PER_REQUEST, PrefixIndex } from "../../../src/routing/prefix-index";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const chain = (name: string, n: number) => Array.from({ length: n }, (_, i) => `${name}${i}`);
 

@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import type { HealthSettings } from "../../../src/config/cluster-view";
 import { probeSettings } from "../../../src/state/health";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const health = (fields: Partial<HealthSettings> = {}): HealthSettings => ({
   intervalMs: 10_000,

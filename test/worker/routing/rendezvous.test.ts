@@ -3,6 +3,9 @@ import fc from "fast-check";
 import { rendezvousRank } from "../../../src/routing/rendezvous";
 import type { CandidateNode } from "../../../src/routing/types";
 import { node, testKeys } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const winner = (key: string, nodes: CandidateNode[]): string => rendezvousRank(key, nodes)[0]!.node.id;
 

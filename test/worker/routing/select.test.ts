@@ -5,6 +5,9 @@ import { rendezvousRank } from "../../../src/routing/rendezvous";
 import { DECODE_KEY_DISCRIMINATOR, selectRoute } from "../../../src/routing/select";
 import type { CandidateNode, PolicyName } from "../../../src/routing/types";
 import { decided, node, selection, testKeys } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const rank = (key: string, nodes: CandidateNode[]) => rendezvousRank(key, nodes).map((r) => r.node.id);
 /** A key whose prefill rendezvous order over `nodes` starts with `first`. */

@@ -1,6 +1,9 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { promptTokensOf, uncachedTokensOf, workWeightedLoads } from "../../../src/routing/work";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // A request's size in tokens for one node, and in-flight load counted by work (issue 17 item 4).
 

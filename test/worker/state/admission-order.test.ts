@@ -7,6 +7,9 @@ import { EdgeAdmission, predictQueuedTtftMs } from "../../../src/state/edge-admi
 import { LeaseTable } from "../../../src/state/leases";
 import type { RouteRequest, RouteResponse } from "../../../src/state/types";
 import { clusterView, decision, routeRequest, viewNode } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // The edge queue's order (SPEC 9): tier first, then a fair share across API keys (start-time fair
 // queueing: each key's requests take turns), then the earliest deadline; a full queue sheds the

@@ -6,6 +6,9 @@ import { ADMISSION_RESERVATION_MS, EdgeAdmission } from "../../../src/state/edge
 import { LeaseTable } from "../../../src/state/leases";
 import type { RouteRequest, RouteResponse } from "../../../src/state/types";
 import { clusterView, decision, routeRequest, viewNode } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const S = { queueMs: 1000, maxQueued: 3 };
 const DEFAULT = { tier: "default", flow: "" } as const;

@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { CacheFeedback, LOST_AFTER_MISSES, type CachePrediction } from "../../../src/state/cache-feedback";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // The benchmark's "without feedback" (TEST_CACHE_FEEDBACK=count_only): the same answers are
 // counted and judged, but a node that lost its cache is never reported as such, so its prefix

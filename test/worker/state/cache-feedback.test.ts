@@ -5,6 +5,9 @@ import { CacheFeedback, judge, LOST_AFTER_MISSES, type CachePrediction } from ".
 import { CHARS_PER_TOKEN_MAX, CHARS_PER_TOKEN_MIN, CharsPerToken } from "../../../src/state/chars-per-token";
 import { PrefixMemory } from "../../../src/state/prefix-memory";
 import { clusterView, decision, routeRequest, viewNode } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // Cache-hit feedback, pure: predicted vs reported cached tokens per node, and the answers that say
 // a node lost its cache (llm-d#2853, aibrix#2287); the prefix memory that keeps and corrects what

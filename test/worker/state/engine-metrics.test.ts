@@ -3,6 +3,9 @@ import { describe, expect, it } from "vitest";
 import { MAX_LINE_CHARS, parseSample, readEngineMetrics } from "../../../src/state/engine-metrics";
 import { projectSignals } from "../../../src/state/engine-signals";
 import { sglangMetricsText, vllmMetricsText } from "../../support/engine-metrics-text";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 describe("reading an engine's /metrics page", () => {
   it("vLLM v1: KV use, waiting, running and the KV capacity from cache_config_info's labels", () => {

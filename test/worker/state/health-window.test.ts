@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import { isHealthy } from "../../../src/state/health";
 import { BUSY_RETRY_DEFAULT_MS, BUSY_RETRY_MAX_MS, NodeHealthTable } from "../../../src/state/health-table";
 import { HEALTH } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // The busy window in the health table (issue 18 item 6): a leg that ended `busy` (503/429) leaves
 // its node alone for the retry-after it named — 1 s without one, at most 300 s — and never counts

@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { DEFAULT_LEASE_TTL_MS, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "../../../src/state/leases";
 import { decision, routeRequest } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 const lease = (fields: Partial<NodeLease> = {}): NodeLease => ({
   prefill: "p0",

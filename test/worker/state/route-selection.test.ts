@@ -5,6 +5,9 @@ import { onFailure } from "../../../src/state/health";
 import { candidateOf, routeInput, slimDecision } from "../../../src/state/route-selection";
 import { NodeHealthTable } from "../../../src/state/health-table";
 import { clusterView, decision, HEALTH, modules, reading, routeRequest, viewNode, type ViewNode } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // What the object gives the pure selection core for one request, from what its modules hold, and
 // how the health table takes what it hears (legs that ended, probes, picks).

@@ -9,6 +9,9 @@ import { RouterStats } from "../../../src/state/router-stats";
 import { clusterSnapshot, historyPoint } from "../../../src/state/snapshot";
 import { openStorage, readKey, saveCursors, writeKey } from "../../../src/state/storage";
 import { clusterView, decision, modules, reading, viewNode } from "./fixtures";
+import { withoutFileEngines } from "../helpers";
+
+withoutFileEngines();
 
 // Shared state as operators see it (/metrics, the status page), assembled from the modules; and
 // what the object keeps in storage.
