@@ -4,7 +4,8 @@ import { selectRoute } from "../routing/select";
 import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
-import { admissionOf, periodsOf, retryAfterSOf } from "./cluster-settings";
+import { ConnectionSlots } from "../forward/connection-slots";
+import { admissionOf, periodsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
@@ -12,6 +13,7 @@ import { NodeHealthTable } from "./health-table";
 import { expiredLeaseLog, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
+import { NodeSlices } from "./node-slices";
 import { PrefillUsageDetails } from "./prefill-usage-details";
 import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
@@ -46,6 +48,7 @@ export class ClusterState extends DurableObject {
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
+  readonly #slices = new NodeSlices();
   readonly #admission = new EdgeAdmission();
   readonly #history = new NodeHistory();
   readonly #usageDetails = new PrefillUsageDetails();
@@ -178,23 +181,26 @@ export class ClusterState extends DurableObject {
   }
 
   /**
-   * Runs the jobs due (alarm-schedule.ts) — every node's probe, every node's /metrics poll — then
-   * re-arms itself. Routing never waits for it: a slow node holds only its own probe or poll.
+   * Runs the jobs due (alarm-schedule.ts) — this sub-tick's slice of the probes and of the /metrics
+   * polls (node-slices.ts), through the invocation's six connections — then re-arms itself.
+   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot.
    */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
     if (!cluster) return;
     const jobs = this.#schedule.take(periodsOf(cluster), Date.now());
+    const slices = slicesOf(cluster);
     const env = this.env as unknown as Record<string, unknown>;
+    const slots = new ConnectionSlots();
     await Promise.all([
       jobs.includes("probe")
-        ? probeNodes(env, cluster, (node, ok) => {
+        ? probeNodes(env, cluster, this.#slices.take("probe", cluster.nodes, slices.probe), slots, (node, ok) => {
             // back after its probes failed: most likely restarted, with an empty prefix cache (llm-d#2853)
             if (this.health.probed(node, ok, Date.now(), cluster.health)) this.prefixes.forget(node, "probes_recovered");
           })
         : null,
       jobs.includes("poll")
-        ? pollNodes(env, cluster, (node, reading) => {
+        ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
             if (this.health.get(node)) this.signals.record(node, reading, Date.now());
           })
         : null,
