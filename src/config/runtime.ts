@@ -58,7 +58,7 @@ export function currentConfig(env: Env, count?: StateCallCount): Promise<ConfigS
     read: () => env.NODES.get(CONFIG_KEY),
     saveLastGood: (raw) => counted(() => state().saveLastGoodConfig(raw)),
     loadLastGood: () => counted(() => state().lastGoodConfig()),
-    defaults: { protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY },
+    defaults: { protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, plan: env.WORKERS_PLAN },
     ttlMs: numberVar(env.CONFIG_TTL_MS, DEFAULT_CONFIG_TTL_MS),
     now: () => Date.now(),
     log: (event) => console.warn(JSON.stringify(event)),

@@ -1,5 +1,6 @@
 import * as v from "valibot";
 import { DEFAULT_MAX_BLOCKS_PER_REQUEST } from "../routing/prefix-index";
+import { planProblems } from "./plan";
 import { check, finite, gtValue, integer, maxLength, maxValue, minLength, minValue, oneOf, regex, renderPath, strictObject } from "./validation";
 
 // The cluster document (SPEC section 2). Parsed once at the edge; the rest of the
@@ -228,6 +229,8 @@ export interface Problem {
 export interface ConfigDefaults {
   protocol?: string | undefined;
   policy?: string | undefined;
+  /** the WORKERS_PLAN var: the subrequests one invocation may send (src/config/plan.ts) */
+  plan?: string | undefined;
 }
 
 export type ParseResult = { ok: true; config: ClusterConfig } | { ok: false; problems: Problem[] };
@@ -264,7 +267,7 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
       reach: n.reach ?? reach ?? {},
     })),
   };
-  const unusable = usabilityProblems(config);
+  const unusable = [...usabilityProblems(config), ...planProblems(config, defaults.plan)];
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
 }
 

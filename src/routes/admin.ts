@@ -33,7 +33,7 @@ adminRoutes.use(
   ),
 );
 
-const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY });
+const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, plan: env.WORKERS_PLAN });
 const readStored = (env: Env) => env.NODES.get(CONFIG_KEY);
 
 /** 400 naming every problem: in the message, and as a `problems` list beside the envelope's fields. */
