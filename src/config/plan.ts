@@ -5,7 +5,7 @@ import type { ClusterConfig, Problem } from "./schema";
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
 // by default (raised or lowered with `[limits] subrequests` in wrangler.toml)
 // (developers.cloudflare.com/workers/platform/limits/#subrequests). A Durable Object's alarm run is
-// an invocation of its own. The plan is named by the WORKERS_PLAN var (docs/deploy.md, section 6).
+// an invocation of its own. The plan is named by the WORKERS_PLAN var (docs/deploy.md, section 8).
 
 /** A sub-tick is at least this long: spreading finer gains nothing and costs an alarm run each. */
 export const MIN_SUBTICK_MS = 1_000;
@@ -51,7 +51,7 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
   const plan = planOf(planVar);
   if (!plan) return [{ path: "(WORKERS_PLAN)", message: `the WORKERS_PLAN var must be "free", "paid" or the [limits] subrequests number, not "${planVar}"` }];
   const problems: Problem[] = [];
-  const allows = `more than ${plan.name} allows in one invocation (${plan.limit}; WORKERS_PLAN var, docs/deploy.md section 6)`;
+  const allows = `more than ${plan.name} allows in one invocation (${plan.limit}; WORKERS_PLAN var, docs/deploy.md section 8)`;
   for (const pool of nodePools(config)) {
     const need = alarmSubrequests(pool.nodes.length, config);
     if (need <= plan.limit) continue;
