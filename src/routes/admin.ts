@@ -11,7 +11,7 @@ import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
 import type { AppEnv } from "./inference";
 import { parseJsonObject } from "./request-schema";
-import { usageDetailsWarnings } from "../observability/usage-details";
+import { nodeWarnings } from "../observability/node-warnings";
 
 /** The cluster document is small; anything bigger than this is a mistake. */
 const MAX_DOCUMENT_BYTES = 1024 * 1024;
@@ -110,7 +110,7 @@ adminRoutes.get("/status", async (c) => {
     },
     nodes: snapshot.nodes,
     leases: snapshot.leases,
-    warnings: usageDetailsWarnings(snapshot.nodes),
+    warnings: nodeWarnings(snapshot.nodes),
   });
 });
 

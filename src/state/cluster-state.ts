@@ -1,5 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
+import { silentNodeWarning } from "../observability/node-warnings";
 import { selectRoute } from "../routing/select";
 import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
@@ -19,6 +20,7 @@ import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
 import { routeInput, slimDecision, usesCacheAware, usesPrefixIndex, type RouteSources, type StickyPair } from "./route-selection";
 import { RouterStats } from "./router-stats";
+import { SilentNodes } from "./silent-nodes";
 import { clusterSnapshot, historyPoint, type StatusSources } from "./snapshot";
 import { openStorage, readKey, saveCursors, writeKey } from "./storage";
 import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
@@ -45,6 +47,7 @@ export class ClusterState extends DurableObject {
   private readonly sticky = new BoundedMap<StickyPair>(STICKY_ENTRIES);
   private readonly cursors = new RoundRobinCursors();
   private readonly signals = new EngineSignals();
+  private readonly silent = new SilentNodes();
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -65,6 +68,7 @@ export class ClusterState extends DurableObject {
     admission: this.#admission,
     history: this.#history,
     usageDetails: this.#usageDetails,
+    silent: this.silent,
   };
   readonly #sql = this.ctx.storage.sql;
   readonly #documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
@@ -201,7 +205,10 @@ export class ClusterState extends DurableObject {
         : null,
       jobs.includes("poll")
         ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
-            if (this.health.get(node)) this.signals.record(node, reading, Date.now());
+            const health = this.health.get(node);
+            if (!health) return;
+            if (reading) this.signals.record(node, reading, Date.now());
+            if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
           })
         : null,
     ]);
@@ -299,6 +306,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
+      this.silent.forget(id);
     }
     this.#schedule.configure(periodsOf(view), Date.now());
     // new nodes or thresholds may admit requests that wait

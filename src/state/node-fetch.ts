@@ -55,21 +55,16 @@ export async function probeNodes(
   await Promise.all(nodes.map(async (n) => probed(n.id, await probeNode(env, n, path, timeoutMs, slots))));
 }
 
-/** Polls the /metrics of `nodes` through `slots`; `polled` hears each reading as it comes. A failure is no reading: the last one goes stale. */
+/** Polls the /metrics of `nodes` through `slots`; `polled` hears each answer as it comes. A failure is no reading (null): the last one goes stale. */
 export async function pollNodes(
   env: Record<string, unknown>,
   cluster: ClusterView,
   nodes: readonly ReachableNode[],
   slots: ConnectionSlots,
-  polled: (node: string, reading: EngineReading) => void,
+  polled: (node: string, reading: EngineReading | null) => void,
 ): Promise<void> {
   const timeoutMs = pollTimeoutMsOf(cluster);
-  await Promise.all(
-    nodes.map(async (n) => {
-      const reading = await pollEngineMetrics(env, n, timeoutMs, METRICS_MAX_BYTES, slots);
-      if (reading) polled(n.id, reading);
-    }),
-  );
+  await Promise.all(nodes.map(async (n) => polled(n.id, await pollEngineMetrics(env, n, timeoutMs, METRICS_MAX_BYTES, slots))));
 }
 
 /** Bytes of a /metrics page read at most (a real vLLM or SGLang page is 20-150 KB). */

@@ -95,7 +95,7 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
     const pool = bigPool();
     const read: string[] = [];
     await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pool, pool.nodes, new ConnectionSlots(), (node, reading) => {
-      if (reading.kvUsage === 0.25) read.push(node);
+      if (reading?.kvUsage === 0.25) read.push(node);
     });
     expect(read.sort()).toEqual([...ids].sort());
   });

@@ -2,10 +2,12 @@ import { describe, expect, it } from "vitest";
 import { isBusyFor } from "../../../src/routing/kv-guard";
 import { readEngineMetrics } from "../../../src/state/engine-metrics";
 import { EngineSignals, projectSignals } from "../../../src/state/engine-signals";
+import { SilentNodes } from "../../../src/state/silent-nodes";
 
 // Cheap signals (issue 24, item 3): an SGLang decode node's requests waiting for KV memory or for
 // their KV count as waiting; figures SGLang repeats per TP/PP rank count once; a request's KV
-// share is judged against the engine it lands on.
+// share is judged against the engine it lands on; a node that answers probes but gives no reading
+// is named once.
 
 // SGLang's scheduler labels (python/sglang/srt/managers/scheduler_metrics_mixin.py)
 const sglangLine = (name: string, value: number, labels: Record<string, string>) =>
@@ -68,5 +70,27 @@ describe("a request's KV share is judged against the engine it lands on", () => 
 
   it("what was sent since the poll spreads over both ranks' capacity (the reading is their mean)", () => {
     expect(projectSignals({ reading: twoRanks, sent: 1, sentTokens: 40_000, freed: 0, freedTokens: 0 }).kvUsage).toBeCloseTo(0.8);
+  });
+});
+
+describe("a node that answers probes but never gives a reading", () => {
+  it("is named after three such polls, logged once; polls while its probes are down do not count; a reading clears it", () => {
+    const silent = new SilentNodes();
+    expect(silent.polled("d0", false, false)).toBe(false);
+    expect(silent.polled("d0", false, true)).toBe(false);
+    expect(silent.polled("d0", false, true)).toBe(false);
+    expect(silent.silent("d0")).toBe(false);
+    expect(silent.polled("d0", false, true)).toBe(true);
+    expect(silent.silent("d0")).toBe(true);
+    expect(silent.polled("d0", false, true)).toBe(false);
+    expect(silent.polled("d0", true, true)).toBe(false);
+    expect(silent.silent("d0")).toBe(false);
+  });
+
+  it("a node that once gave a reading is not named when its polls fail later (that is a stale reading, shown as such)", () => {
+    const silent = new SilentNodes();
+    silent.polled("d1", true, true);
+    for (let i = 0; i < 5; i++) expect(silent.polled("d1", false, true)).toBe(false);
+    expect(silent.silent("d1")).toBe(false);
   });
 });
