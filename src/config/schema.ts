@@ -109,6 +109,8 @@ export const NodeSchema = strictObject({
   // Only NODE_* secrets: whoever edits the document must not be able to make the router send
   // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
+  // the vLLM version the node runs; absent: 0.21 or newer (src/forward/handle-release.ts says what it decides)
+  vllmVersion: v.optional(v.pipe(v.string(), regex(/^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$/, 'must be a vLLM version such as "0.20.2"'))),
 });
 
 const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;

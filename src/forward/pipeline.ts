@@ -18,6 +18,8 @@ export interface ForwardContext {
   /** failover attempts after the first, per leg */
   retries: number;
   resolve(id: string): UpstreamNode;
+  /** whether this decode node tells P itself when its serving layer drops a handle (vLLM >= 0.21: handle-release.ts); absent: true */
+  decodeNotifiesP?(id: string): boolean;
   sleep(ms: number): Promise<void>;
   /** the shortest retry-after the busy nodes of this request gave (ms), for the client should all be busy */
   busyRetryAfterMs?: number;

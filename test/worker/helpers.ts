@@ -44,6 +44,7 @@ export type NodeSpec = {
   models?: string[];
   apiKeySecret?: string;
   url?: string;
+  vllmVersion?: string;
 };
 
 /**
