@@ -208,6 +208,7 @@ export class ClusterState extends DurableObject {
             const health = this.health.get(node);
             if (!health) return;
             if (reading) this.signals.record(node, reading, Date.now());
+            if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
             if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
           })
         : null,

@@ -23,9 +23,11 @@ export interface EngineReading {
   kvCapacityTokens: number | null;
   /** engines (vLLM DP engines, SGLang DP ranks) the node's KV is split across; absent: one */
   kvRanks?: number;
+  /** vLLM: tokens served from its prefix cache since it started; absent when the page has no such counter */
+  prefixCacheHits?: number;
 }
 
-type Signal = "kvUsage" | "kvUsageV0" | "waiting" | "running" | "capacity" | "cacheConfig";
+type Signal = "kvUsage" | "kvUsageV0" | "waiting" | "running" | "capacity" | "cacheConfig" | "prefixHits";
 
 const NAMES: Record<string, Signal> = {
   "vllm:kv_cache_usage_perc": "kvUsage",
@@ -33,6 +35,8 @@ const NAMES: Record<string, Signal> = {
   "vllm:num_requests_waiting": "waiting",
   "vllm:num_requests_running": "running",
   "vllm:cache_config_info": "cacheConfig",
+  // tokens served from the prefix cache since start (a counter): proof that prefix caching is on and hits
+  "vllm:prefix_cache_hits_total": "prefixHits",
   "sglang:token_usage": "kvUsage",
   "sglang:num_queue_reqs": "waiting",
   "sglang:num_decode_prealloc_queue_reqs": "waiting",
@@ -125,5 +129,6 @@ export function readEngineMetrics(text: string): EngineReading | null {
     kvCapacityTokens: capacity ? capacity.min : null,
   };
   if (capacity && capacity.n > 1) reading.kvRanks = capacity.n;
+  if (sums.prefixHits) reading.prefixCacheHits = sums.prefixHits.total;
   return reading.kvUsage === null && reading.waiting === null && reading.running === null ? null : reading;
 }
