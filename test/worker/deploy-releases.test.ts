@@ -117,8 +117,28 @@ describe("7. releases through the Worker, against the strict simulator", () => {
         { id: "d1", role: "decode" },
       ],
     });
+    // the simulated d0 as vLLM < 0.21: its serving layer tells P nothing
+    await control("/engines/d0/options", { rejectionReleasesHandle: false });
+    try {
+      await fault("d0", { mode: "hang", count: 1 });
+      await twoRequests(true);
+      const p0 = await waitFor(
+        () => stats("p0"),
+        (s) => s.heldHandles === 0,
+        2000,
+        "p0 holds no handle",
+      );
+      expect(p0.releasedHandles).toBe(1);
+      expect(await releasesAt(["d1"])).toHaveLength(1);
+    } finally {
+      await control("/engines/d0/options", { rejectionReleasesHandle: true });
+    }
+  });
+
+  it("the same stuck stream on a D of vLLM 0.21 or newer (no vllmVersion): no release — D's cancelled route tells P itself", async () => {
     await fault("d0", { mode: "hang", count: 1 });
     await twoRequests(true);
+    // P is told once, by d0 (the simulator models vLLM >= 0.21's cancellation cleanup), not twice
     const p0 = await waitFor(
       () => stats("p0"),
       (s) => s.heldHandles === 0,
@@ -126,12 +146,6 @@ describe("7. releases through the Worker, against the strict simulator", () => {
       "p0 holds no handle",
     );
     expect(p0.releasedHandles).toBe(1);
-    expect(await releasesAt(["d1"])).toHaveLength(1);
-  });
-
-  it("the same stuck stream on a D of vLLM 0.21 or newer (no vllmVersion): no release — D's cancelled route tells P itself", async () => {
-    await fault("d0", { mode: "hang", count: 1 });
-    await twoRequests(true);
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });
 
