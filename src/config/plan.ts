@@ -5,7 +5,8 @@ import type { ClusterConfig, Problem } from "./schema";
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
 // by default (raised or lowered with `[limits] subrequests` in wrangler.toml)
 // (developers.cloudflare.com/workers/platform/limits/#subrequests). A Durable Object's alarm run is
-// an invocation of its own. The plan is named by the WORKERS_PLAN var (docs/deploy.md, section 8).
+// taken as an invocation of its own (docs/deploy.md, section 8, says how sure that is). The plan is
+// named by the WORKERS_PLAN var.
 
 /** A sub-tick is at least this long: spreading finer gains nothing and costs an alarm run each. */
 export const MIN_SUBTICK_MS = 1_000;
