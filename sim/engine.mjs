@@ -795,6 +795,24 @@ export async function startEngine(options) {
     log.push(entry);
     if (log.length > MAX_LOG) log.shift();
 
+    // vLLM >= 0.21 cancels a route whose client hung up before its engine got the request
+    // (`with_cancellation` on the OpenAI routes, vllm entrypoints/utils.py), and the cancellation
+    // runs _with_kv_transfer_rejection_cleanup's `finally`, which notifies P: a handle such a
+    // request carried is freed (the same path as a rejection, below). Here: a request held by a
+    // 'hang' or 'slow' fault, before it reached the engine.
+    const releaseIfCancelled = () => {
+      if (!ctx.closed || !rejectionReleasesHandle) return;
+      let kvr;
+      try {
+        kvr = JSON.parse(raw)?.kv_transfer_params;
+      } catch {
+        return;
+      }
+      if (!kvr || typeof kvr !== 'object' || kvr.do_remote_prefill !== true || kvr.transfer_id !== undefined) return;
+      const h = registry.handles.get(`${kvr.remote_engine_id}/${kvr.remote_request_id}`);
+      if (h) h.free('released');
+    };
+
     // faults come first: they model a broken node, whatever the request
     const mode = fault.mode;
     if (mode !== 'none' && fault.count > 0) {
@@ -807,14 +825,20 @@ export async function startEngine(options) {
         case 'status400':
           return sendError(res, 400, 'simulated bad request', 'invalid_request_error');
         case 'hang':
-          return; // never answer; the 'close' listener counts the client giving up
+          // never answer; the 'close' listener counts the client giving up
+          if (ctx.closed) releaseIfCancelled();
+          else ctx.onClose = releaseIfCancelled;
+          return;
         case 'reset':
           ctx.destroyedByUs = true;
           req.socket.destroy();
           return;
         case 'slow':
+          // a client that leaves while the request waits here is the cancellation above, at once
+          ctx.onClose = releaseIfCancelled;
           await sleepReal(fault.delayMs);
           if (ctx.closed) return;
+          ctx.onClose = undefined;
           break;
         case 'silent':
           // headers at once, then delayMs of silence before the first body byte: vLLM sends a

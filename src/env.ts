@@ -10,6 +10,8 @@ export interface Env extends Cloudflare.Env {
   /** defaults for the cluster document, overridden by the KV document */
   DEFAULT_PROTOCOL?: string;
   DEFAULT_POLICY?: string;
+  /** the Workers plan ("free" | "paid", default paid) or a `[limits] subrequests` number: a document needing more subrequests per invocation is refused */
+  WORKERS_PLAN?: string;
   /** max request body in bytes (default 10 MB) */
   MAX_BODY_BYTES?: string;
   /** isolate cache TTL of the cluster document in ms (default 5000) */

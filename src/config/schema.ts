@@ -110,6 +110,8 @@ export const NodeSchema = strictObject({
   // Only NODE_* secrets: whoever edits the document must not be able to make the router send
   // its own secrets (ADMIN_TOKEN, API_KEYS, METRICS_TOKEN) to a host of their choosing.
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
+  // the vLLM version the node runs; absent: 0.21 or newer (src/forward/handle-release.ts says what it decides)
+  vllmVersion: v.optional(v.pipe(v.string(), regex(/^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$/, 'must be a vLLM version such as "0.20.2"'))),
 });
 
 const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
@@ -233,6 +235,8 @@ export interface Problem {
 export interface ConfigDefaults {
   protocol?: string | undefined;
   policy?: string | undefined;
+  /** the Workers plan's limits a document must fit (src/config/plan.ts planProblems, with the WORKERS_PLAN var); passed in, as plan.ts reads this module's types */
+  limits?: ((config: ClusterConfig) => Problem[]) | undefined;
 }
 
 export type ParseResult = { ok: true; config: ClusterConfig } | { ok: false; problems: Problem[] };
@@ -269,7 +273,7 @@ export function parseClusterDocument(raw: unknown, defaults: ConfigDefaults = {}
       reach: n.reach ?? reach ?? {},
     })),
   };
-  const unusable = usabilityProblems(config);
+  const unusable = [...usabilityProblems(config), ...(defaults.limits?.(config) ?? [])];
   return unusable.length > 0 ? { ok: false, problems: unusable } : { ok: true, config };
 }
 

@@ -21,10 +21,15 @@ import type { UpstreamFailure } from "./upstream";
 // For a stream, D's headers are the line: vLLM's serving layer sends them as soon as it returns
 // the StreamingResponse, and only then does iterating it submit the request to the engine
 // (AsyncLLM.generate adds the request on its first step). A stream that produced no headers
-// within decodeFirstByteMs was never handed to D's engine: D's server is stuck, nobody else
-// will tell P, and the router releases. A non-streamed answer has no headers before its end, so
-// a timeout there says nothing: left to D. Where no D will ever tell P (D's host lost mid-request),
-// P frees the blocks at its own timeout (docs/engines.md).
+// within decodeFirstByteMs was never handed to D's engine: D's server is stuck. vLLM >= 0.21
+// tells P itself then too: its routes are cancelled when the client (the router) disconnects
+// (`with_cancellation`, vllm entrypoints/utils.py, on every OpenAI route) and the cancellation
+// runs `_with_kv_transfer_rejection_cleanup`'s `finally`, which notifies P — a router release
+// would be the second notification. So after a refusal by D's engine or a stuck stream the router
+// releases only when D runs a vLLM older than 0.21 (the node's `vllmVersion`; absent: 0.21 or
+// newer), whose serving layer tells nobody. A non-streamed answer has no headers before its end,
+// so a timeout there says nothing: left to D. Where no D will ever tell P (D's host lost
+// mid-request), P frees the blocks at its own timeout (docs/engines.md).
 
 /** What the router saw of a decode attempt that carried a KV handle and gave no answer. */
 export type DecodeContact =
@@ -36,7 +41,7 @@ export type DecodeContact =
   | "refused_in_front"
   /** the engine's serving layer refused it (a JSON error): vLLM >= 0.21 has told P itself */
   | "refused_by_engine"
-  /** a stream that produced no headers within its timeout: D's server never handed it to its engine */
+  /** a stream that produced no headers within its timeout: D's server never handed it to its engine (vLLM >= 0.21 tells P when the router hangs up) */
   | "stuck_before_engine"
   /** a non-streamed answer not in time, the request ended while D had it, or D answered 200: the engine may have it */
   | "maybe_admitted";
@@ -56,7 +61,27 @@ export function decodeContact(f: UpstreamFailure, stream: boolean): DecodeContac
   }
 }
 
-/** True when no D may have read (or will report on) the handle: only then does the router release it. */
-export function releasesUnreadHandle(contact: DecodeContact): boolean {
-  return contact === "unsent" || contact === "unreachable" || contact === "refused_in_front" || contact === "stuck_before_engine";
+/**
+ * True when no D may have read (or will report on) the handle: only then does the router release
+ * it. `decodeNotifiesP`: the D tried tells P itself when its serving layer drops the handle (vLLM >= 0.21).
+ */
+export function releasesUnreadHandle(contact: DecodeContact, decodeNotifiesP = true): boolean {
+  switch (contact) {
+    case "unsent":
+    case "unreachable":
+    case "refused_in_front":
+      return true;
+    case "refused_by_engine":
+    case "stuck_before_engine":
+      return !decodeNotifiesP;
+    case "maybe_admitted":
+      return false;
+  }
+}
+
+/** vLLM >= 0.21 tells P when its serving layer refuses or drops a request carrying a handle (PR #41269); absent: taken as 0.21 or newer. */
+export function notifiesPItself(vllmVersion: string | undefined): boolean {
+  if (vllmVersion === undefined) return true;
+  const [major = 0, minor = 0] = vllmVersion.split(/[.+-]/).map(Number);
+  return major > 0 || minor >= 21;
 }

@@ -21,6 +21,8 @@ export interface ForwardContext {
   resolve(id: string): UpstreamNode;
   /** vLLM's `priority` for this request on that node, or undefined when the node runs no priority scheduling (forward/priority.ts) */
   priorityOf?(id: string): number | undefined;
+  /** whether this decode node tells P itself when its serving layer drops a handle (vLLM >= 0.21: handle-release.ts); absent: true */
+  decodeNotifiesP?(id: string): boolean;
   sleep(ms: number): Promise<void>;
   /** the shortest retry-after the busy nodes of this request gave (ms), for the client should all be busy */
   busyRetryAfterMs?: number;

@@ -122,7 +122,7 @@ export function forwardVllmMooncake(ctx: ForwardContext): Promise<DecodeAnswer> 
           // them tells P to let go (MooncakeConnectorScheduler.request_finished: do_remote_prefill
           // still set -> an empty receive -> P's send_kv_to_decode frees the transfer), exactly as
           // for a NIXL handle: sent only when no D got this attempt's request (handle-release.ts).
-          if (prefillAnswered && releasesUnreadHandle(decodeContact(decode, ctx.stream))) {
+          if (prefillAnswered && releasesUnreadHandle(decodeContact(decode, ctx.stream), ctx.decodeNotifiesP?.(decode.node))) {
             ctx.life.background(() => releaseHandle(ctx, ctx.resolve(ctx.life.chosen.decode), decodeKv));
           }
         },

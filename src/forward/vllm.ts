@@ -186,7 +186,7 @@ export async function forwardVllm(ctx: ForwardContext): Promise<DecodeAnswer> {
       // the engine): a D that got it tells P itself, and a second word from the router would make
       // P log "Potentially invalid KV blocks for unrecognized request" (handle-release.ts). The
       // release goes to the D tried next (or this one again when there is none).
-      const release = kv !== undefined && releasesUnreadHandle(decodeContact(failure, ctx.stream));
+      const release = kv !== undefined && releasesUnreadHandle(decodeContact(failure, ctx.stream), ctx.decodeNotifiesP?.(d.id));
       try {
         // The handle is single-use: once a D may have read it, P may have freed or reused its
         // blocks, and a second D would answer 200 with another prompt's text. The retry re-runs

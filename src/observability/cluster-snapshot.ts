@@ -31,6 +31,8 @@ export interface NodeStatus {
   usageDetails?: UsageDetailsVerdict;
   /** the engine's last /metrics reading (null until a poll answered) and its projection now (null when stale) */
   signals: NodeSignalsStatus | null;
+  /** answers its probes but its /metrics never gave a reading (state/silent-nodes.ts) */
+  noSignals?: boolean;
   /**
    * cache-hit feedback: cached tokens the router predicted and the engine reported (summed), times
    * the node was taken to have lost its cache, and its learned characters per token

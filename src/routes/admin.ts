@@ -5,13 +5,14 @@ import { bodyLimit } from "../auth/request-limits";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
 import { clusterState, invalidateConfig } from "../config/runtime";
-import type { Problem } from "../config/schema";
+import { planProblems } from "../config/plan";
+import type { ClusterConfig, Problem } from "../config/schema";
 import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
 import type { AppEnv } from "./inference";
 import { parseJsonObject } from "./request-schema";
-import { usageDetailsWarnings } from "../observability/usage-details";
+import { nodeWarnings } from "../observability/node-warnings";
 
 /** The cluster document is small; anything bigger than this is a mistake. */
 const MAX_DOCUMENT_BYTES = 1024 * 1024;
@@ -33,7 +34,7 @@ adminRoutes.use(
   ),
 );
 
-const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY });
+const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, limits: (c: ClusterConfig) => planProblems(c, env.WORKERS_PLAN) });
 const readStored = (env: Env) => env.NODES.get(CONFIG_KEY);
 
 /** 400 naming every problem: in the message, and as a `problems` list beside the envelope's fields. */
@@ -110,7 +111,7 @@ adminRoutes.get("/status", async (c) => {
     },
     nodes: snapshot.nodes,
     leases: snapshot.leases,
-    warnings: usageDetailsWarnings(snapshot.nodes),
+    warnings: nodeWarnings(snapshot.nodes),
   });
 });
 

@@ -6,6 +6,7 @@ import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
 import { badRequest, RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
+import { notifiesPItself } from "../forward/handle-release";
 import { forwardLocalPrefill } from "../forward/local-prefill";
 import { jsonAnswerUsage, usageObserver, type AnswerUsage } from "../forward/usage-watch";
 import { RequestLife, type Ending } from "../forward/lifecycle";
@@ -324,6 +325,7 @@ async function route(
       resolve: (id) => upstreamNode(env, nodes!.get(id)!),
       // SPEC 9: vLLM's own `priority` from the tier, on nodes that run its priority scheduling
       priorityOf: (id) => (nodes!.get(id)?.priorityScheduling === true ? vllmPriorityOf(request.tier ?? "default") : undefined),
+      decodeNotifiesP: (id) => notifiesPItself(nodes!.get(id)?.vllmVersion),
       sleep: (ms) => new Promise((r) => setTimeout(r, ms)),
     };
     // conditional disaggregation may have D prefill alone: no P leg, D's body without a handle

@@ -1,4 +1,5 @@
 import type { ClusterConfig, NodeConfig } from "../config/schema";
+import { ConnectionSlots } from "../config/connection-slots";
 import { nodeAccess, nodeGet } from "../config/node-access";
 
 /** How long one isolate reuses the union it built for a document version before asking again. */
@@ -22,7 +23,8 @@ const cache = new WeakMap<ClusterConfig, { names: string[]; until: number }>();
 /**
  * Union of the models the cluster serves: the `models` lists of the document, plus what
  * nodes without such a list report on their own /v1/models (they serve everything they load).
- * Asked with the node's bearer token, no redirects followed (a 3xx lists nothing), and cached for
+ * Asked with the node's bearer token, no redirects followed (a 3xx lists nothing), six at a time
+ * with each timeout armed when its request is sent (src/config/connection-slots.ts), and cached for
  * MODELS_CACHE_MS per document, so clients polling /v1/models do not fan out to every node.
  */
 export async function listModels(config: ClusterConfig, options: ListModelsOptions = {}): Promise<string[]> {
@@ -37,12 +39,13 @@ export async function listModels(config: ClusterConfig, options: ListModelsOptio
     else if (!ask.has(n.url)) ask.set(n.url, n);
   }
   let answered = 0;
+  const slots = new ConnectionSlots();
   await Promise.all(
     [...ask.values()].map(async (node) => {
       try {
         // the way every request reaches the node: its VPC binding, bearer token, Access service token
         const access = nodeAccess(env, node, (url, init) => fetcher(url, init));
-        const res = await nodeGet(access, node.url, "/v1/models", AbortSignal.timeout(timeoutMs));
+        const res = await slots.send(() => nodeGet(access, node.url, "/v1/models", AbortSignal.timeout(timeoutMs)));
         if (res.status !== 200) return void (await res.body?.cancel());
         const body = (await res.json()) as { data?: Array<{ id?: unknown }> };
         for (const m of body.data ?? []) if (typeof m.id === "string") names.add(m.id);

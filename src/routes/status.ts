@@ -3,7 +3,7 @@ import { adminAuth, statusIsPublic } from "../auth/admin-auth";
 import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
 import { secretEquals } from "../auth/digest";
 import { readClusterStatus } from "../observability/metrics";
-import { usageDetailsWarnings } from "../observability/usage-details";
+import { nodeWarnings } from "../observability/node-warnings";
 import type { AppEnv } from "./inference";
 import { statusPage } from "./status-page";
 
@@ -59,8 +59,10 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         // the engine's last /metrics reading and the projection routing uses (null: never polled)
         signals: n.signals,
         usageDetails: n.usageDetails,
+        // answers its probes but its /metrics gives no reading (SGLang without --enable-metrics)
+        noSignals: n.noSignals ?? false,
       })),
-      warnings: usageDetailsWarnings(snapshot.nodes),
+      warnings: nodeWarnings(snapshot.nodes),
       // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
       history: snapshot.history,
       admission: { queued: snapshot.admission.queued, queuedByTier: snapshot.admission.queuedByTier ?? [], rejected: snapshot.admission.rejected },

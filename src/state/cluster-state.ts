@@ -1,10 +1,12 @@
 import { DurableObject } from "cloudflare:workers";
 import { DocumentEditor, type DocumentEditRequest, type DocumentEditResult } from "../config/document-edit";
+import { silentNodeWarning } from "../observability/node-warnings";
 import { selectRoute } from "../routing/select";
 import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
-import { admissionOf, periodsOf, retryAfterSOf } from "./cluster-settings";
+import { ConnectionSlots } from "../config/connection-slots";
+import { admissionOf, periodsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
@@ -12,11 +14,13 @@ import { NodeHealthTable } from "./health-table";
 import { expiredLeaseLog, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
+import { NodeSlices } from "./node-slices";
 import { PrefillUsageDetails } from "./prefill-usage-details";
 import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
 import { routeInput, slimDecision, usesCacheAware, usesPrefixIndex, type RouteSources, type StickyPair } from "./route-selection";
 import { RouterStats } from "./router-stats";
+import { SilentNodes } from "./silent-nodes";
 import { clusterSnapshot, historyPoint, type StatusSources } from "./snapshot";
 import { openStorage, readKey, saveCursors, writeKey } from "./storage";
 import type { ClusterSnapshot, ClusterView, FailoverResponse, FinishReport, KeyCount, LegReport, RouteRequest, RouteResponse } from "./types";
@@ -43,9 +47,11 @@ export class ClusterState extends DurableObject {
   private readonly sticky = new BoundedMap<StickyPair>(STICKY_ENTRIES);
   private readonly cursors = new RoundRobinCursors();
   private readonly signals = new EngineSignals();
+  private readonly silent = new SilentNodes();
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
+  readonly #slices = new NodeSlices();
   readonly #admission = new EdgeAdmission();
   readonly #history = new NodeHistory();
   readonly #usageDetails = new PrefillUsageDetails();
@@ -62,6 +68,7 @@ export class ClusterState extends DurableObject {
     admission: this.#admission,
     history: this.#history,
     usageDetails: this.#usageDetails,
+    silent: this.silent,
   };
   readonly #sql = this.ctx.storage.sql;
   readonly #documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
@@ -199,24 +206,31 @@ export class ClusterState extends DurableObject {
   }
 
   /**
-   * Runs the jobs due (alarm-schedule.ts) — every node's probe, every node's /metrics poll — then
-   * re-arms itself. Routing never waits for it: a slow node holds only its own probe or poll.
+   * Runs the jobs due (alarm-schedule.ts) — this sub-tick's slice of the probes and of the /metrics
+   * polls (node-slices.ts), through the invocation's six connections — then re-arms itself.
+   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot.
    */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
     if (!cluster) return;
     const jobs = this.#schedule.take(periodsOf(cluster), Date.now());
+    const slices = slicesOf(cluster);
     const env = this.env as unknown as Record<string, unknown>;
+    const slots = new ConnectionSlots();
     await Promise.all([
       jobs.includes("probe")
-        ? probeNodes(env, cluster, (node, ok) => {
+        ? probeNodes(env, cluster, this.#slices.take("probe", cluster.nodes, slices.probe), slots, (node, ok) => {
             // back after its probes failed: most likely restarted, with an empty prefix cache (llm-d#2853)
             if (this.health.probed(node, ok, Date.now(), cluster.health)) this.prefixes.forget(node, "probes_recovered");
           })
         : null,
       jobs.includes("poll")
-        ? pollNodes(env, cluster, (node, reading) => {
-            if (this.health.get(node)) this.signals.record(node, reading, Date.now());
+        ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
+            const health = this.health.get(node);
+            if (!health) return;
+            if (reading) this.signals.record(node, reading, Date.now());
+            if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
+            if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
           })
         : null,
     ]);
@@ -329,6 +343,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
+      this.silent.forget(id);
     }
     this.#schedule.configure(periodsOf(view), Date.now());
     // new nodes or thresholds may admit requests that wait

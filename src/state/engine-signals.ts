@@ -98,15 +98,16 @@ export class EngineSignals {
 }
 
 /**
- * KV: reported + (tokens sent - tokens freed) / capacity, within 0..1 (without a capacity the
+ * KV: reported + (tokens sent - tokens freed) / capacity of all its engines, within 0..1 (without a capacity the
  * reading alone). Queue: an engine that had a queue at the poll admits a request only as another
  * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
  * queue at the poll was admitting what it got, so it is taken to have none still.
  */
 export function projectSignals(s: Pick<NodeReadings, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">): { kvUsage: number | null; queue: number | null } {
-  const { kvUsage, waiting, kvCapacityTokens } = s.reading;
+  const { kvUsage, waiting, kvCapacityTokens, kvRanks = 1 } = s.reading;
   let kv = kvUsage;
-  if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / kvCapacityTokens;
+  // kvUsage is the mean over the node's engines: what is sent spreads over all their capacity
+  if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / (kvCapacityTokens * kvRanks);
   const queue = waiting === null ? null : waiting > 0 ? Math.max(0, waiting + s.sent - s.freed) : 0;
   return { kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)), queue };
 }

@@ -1,4 +1,5 @@
 import type { NodeReach } from "../config/schema";
+import type { ConnectionSlots } from "../config/connection-slots";
 import { nodeAccess, nodeGet } from "../config/node-access";
 import { pollTimeoutMsOf } from "./cluster-settings";
 import { readEngineMetrics, type EngineReading } from "./engine-metrics";
@@ -19,16 +20,19 @@ export interface ReachableNode {
  * token — SGLang's --api-key middleware lets only /health*, /ready* and /metrics* through without
  * one (sgl-project/sglang python/sglang/srt/utils/auth.py `decide_request_auth`), and the sglang
  * protocol probes /v1/models (src/state/health.ts says why). Never follows a redirect; the
- * timeout covers the whole read.
+ * timeout covers the whole read and starts when the request is sent: given `slots`, it waits for
+ * one of the invocation's six connections first (src/config/connection-slots.ts).
  */
-export function fetchNode(env: Record<string, unknown>, node: ReachableNode, path: string, timeoutMs: number): Promise<Response> {
-  return nodeGet(nodeAccess(env, { ...node, reach: node.reach ?? {} }), node.url, path, AbortSignal.timeout(timeoutMs));
+export function fetchNode(env: Record<string, unknown>, node: ReachableNode, path: string, timeoutMs: number, slots?: ConnectionSlots): Promise<Response> {
+  const access = nodeAccess(env, { ...node, reach: node.reach ?? {} });
+  const send = () => nodeGet(access, node.url, path, AbortSignal.timeout(timeoutMs));
+  return slots ? slots.send(send) : send();
 }
 
 /** GET the probe path: true on a 2xx within the timeout (a redirect is not a healthy node). */
-export async function probeNode(env: Record<string, unknown>, node: ReachableNode, path: string, timeoutMs: number): Promise<boolean> {
+export async function probeNode(env: Record<string, unknown>, node: ReachableNode, path: string, timeoutMs: number, slots?: ConnectionSlots): Promise<boolean> {
   try {
-    const res = await fetchNode(env, node, path, timeoutMs);
+    const res = await fetchNode(env, node, path, timeoutMs, slots);
     await res.body?.cancel();
     return res.ok;
   } catch {
@@ -36,21 +40,31 @@ export async function probeNode(env: Record<string, unknown>, node: ReachableNod
   }
 }
 
-/** Probes every node of the cluster at once; `probed` hears each answer as it comes (a slow node holds only its own probe). */
-export async function probeNodes(env: Record<string, unknown>, cluster: ClusterView, probed: (node: string, ok: boolean) => void): Promise<void> {
+/**
+ * Probes `nodes` (this sub-tick's slice) through the invocation's `slots`; `probed` hears each
+ * answer as it comes (a slow node holds only its own probe and one slot).
+ */
+export async function probeNodes(
+  env: Record<string, unknown>,
+  cluster: ClusterView,
+  nodes: readonly ReachableNode[],
+  slots: ConnectionSlots,
+  probed: (node: string, ok: boolean) => void,
+): Promise<void> {
   const { path, timeoutMs } = probeSettings(cluster);
-  await Promise.all(cluster.nodes.map(async (n) => probed(n.id, await probeNode(env, n, path, timeoutMs))));
+  await Promise.all(nodes.map(async (n) => probed(n.id, await probeNode(env, n, path, timeoutMs, slots))));
 }
 
-/** Polls every node's /metrics at once; `polled` hears each reading as it comes. A failure is no reading: the last one goes stale. */
-export async function pollNodes(env: Record<string, unknown>, cluster: ClusterView, polled: (node: string, reading: EngineReading) => void): Promise<void> {
+/** Polls the /metrics of `nodes` through `slots`; `polled` hears each answer as it comes. A failure is no reading (null): the last one goes stale. */
+export async function pollNodes(
+  env: Record<string, unknown>,
+  cluster: ClusterView,
+  nodes: readonly ReachableNode[],
+  slots: ConnectionSlots,
+  polled: (node: string, reading: EngineReading | null) => void,
+): Promise<void> {
   const timeoutMs = pollTimeoutMsOf(cluster);
-  await Promise.all(
-    cluster.nodes.map(async (n) => {
-      const reading = await pollEngineMetrics(env, n, timeoutMs);
-      if (reading) polled(n.id, reading);
-    }),
-  );
+  await Promise.all(nodes.map(async (n) => polled(n.id, await pollEngineMetrics(env, n, timeoutMs, METRICS_MAX_BYTES, slots))));
 }
 
 /** Bytes of a /metrics page read at most (a real vLLM or SGLang page is 20-150 KB). */
@@ -62,9 +76,16 @@ export const METRICS_MAX_BYTES = 512 * 1024;
  * failure — refused, slow, 401, HTML, garbage — is null: the caller keeps no new reading and the
  * old one goes stale.
  */
-export async function pollEngineMetrics(env: Record<string, unknown>, node: ReachableNode, timeoutMs: number, maxBytes = METRICS_MAX_BYTES): Promise<EngineReading | null> {
+export async function pollEngineMetrics(
+  env: Record<string, unknown>,
+  node: ReachableNode,
+  timeoutMs: number,
+  maxBytes = METRICS_MAX_BYTES,
+  slots?: ConnectionSlots,
+): Promise<EngineReading | null> {
   try {
-    const res = await fetchNode(env, node, "/metrics", timeoutMs);
+    // the slot is held until the headers arrive; the body is read outside it, within the same timeout
+    const res = await fetchNode(env, node, "/metrics", timeoutMs, slots);
     if (!res.ok || !res.body) {
       await res.body?.cancel();
       return null;

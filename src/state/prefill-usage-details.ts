@@ -1,4 +1,12 @@
-import { freshUsageDetails, noteUsageDetails, usageDetailsVerdict, usageDetailsWarning, type UsageDetailsRecord, type UsageDetailsVerdict } from "../observability/usage-details";
+import {
+  freshUsageDetails,
+  notePrefixHits,
+  noteUsageDetails,
+  usageDetailsVerdict,
+  usageDetailsWarning,
+  type UsageDetailsRecord,
+  type UsageDetailsVerdict,
+} from "../observability/usage-details";
 
 /** Per prefill node: do its answers carry prompt_tokens_details (observability/usage-details.ts says why it matters). */
 export class PrefillUsageDetails {
@@ -9,6 +17,13 @@ export class PrefillUsageDetails {
     const record = this.#byNode.get(node) ?? freshUsageDetails();
     this.#byNode.set(node, record);
     if (noteUsageDetails(record, reported)) console.warn(JSON.stringify({ event: "prefill_usage_details_missing", node, message: usageDetailsWarning(node) }));
+  }
+
+  /** A /metrics poll of the node read its prefix-cache hits counter. */
+  prefixHits(node: string, hits: number): void {
+    const record = this.#byNode.get(node) ?? freshUsageDetails();
+    this.#byNode.set(node, record);
+    notePrefixHits(record, hits);
   }
 
   verdict(node: string): UsageDetailsVerdict {

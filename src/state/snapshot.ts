@@ -10,6 +10,7 @@ import type { HistoryPoint, NodeHistory } from "./node-history";
 import type { PrefillUsageDetails } from "./prefill-usage-details";
 import type { PrefixMemory } from "./prefix-memory";
 import type { RouterStats } from "./router-stats";
+import type { SilentNodes } from "./silent-nodes";
 import type { ClusterSnapshot, ClusterView, NodeStatus } from "./types";
 
 /** The object's modules that the operators' view reads (one record, built once). */
@@ -22,6 +23,7 @@ export interface StatusSources {
   stats: RouterStats;
   admission: EdgeAdmission;
   history: NodeHistory;
+  silent: SilentNodes;
 }
 
 type ViewNode = ClusterView["nodes"][number];
@@ -70,6 +72,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     requestsTotal: { prefill: requestsPrefill, decode: requestsDecode },
     signals: m.signals.status(n.id, decodes, now, signals),
     usageDetails: m.usageDetails.verdict(n.id),
+    noSignals: m.silent.silent(n.id),
     prefix: m.prefixes.status(n.id),
   };
 }

@@ -24,6 +24,8 @@ beforeAll(async () => {
   await rig.putDocument({
     protocol: "vllm",
     policy: { prefill: "round_robin", decode: "round_robin" },
+    // polls every second: the warning waits for P's /metrics to show prefix-cache hits
+    signals: { intervalMs: 1000, staleMs: 3000 },
     nodes: [
       { id: "p-flag", url: url("p-flag"), role: "prefill" },
       { id: "p-noflag", url: url("p-noflag"), role: "prefill" },
@@ -47,20 +49,29 @@ const chat = (i: number) => ({
   max_tokens: 2,
 });
 const json = async (path: string) => (await rig.fetch(path, { headers: admin })).json() as Promise<any>;
-const WARNING = "prefill node p-noflag reported no prompt_tokens_details in 20 answers: run it with --enable-prompt-tokens-details, or clients see cached_tokens 0";
+const WARNING =
+  "prefill node p-noflag reported no prompt_tokens_details in 20 answers although its /metrics shows prefix-cache hits: run it with --enable-prompt-tokens-details, or clients see cached_tokens 0";
+let asked = 0;
+async function ask(): Promise<void> {
+  const res = await rig.fetch("/v1/chat/completions", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(chat(asked++)) });
+  expect(res.status).toBe(200);
+  await res.arrayBuffer();
+}
 
 describe("8. a P that never reports prompt_tokens_details is named, once in the log and on the status surfaces", () => {
-  it("after 20 answers without details (and none with): a warning for that P only, one log line however many more follow", async () => {
+  it("after 20 answers without details (and none with) from a P whose /metrics shows prefix-cache hits: a warning for that P only, one log line however many more follow", async () => {
     // round robin: 50 requests give each P 25 answers
-    for (let i = 0; i < 50; i++) {
-      const res = await rig.fetch("/v1/chat/completions", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(chat(i)) });
-      expect(res.status).toBe(200);
-      await res.arrayBuffer();
-    }
+    for (let i = 0; i < 50; i++) await ask();
+    // the evidence comes with a poll (its hits counter rose), then a few more answers without details
     const status = await until(
       "the warning in /admin/status",
-      () => json("/admin/status"),
+      async () => {
+        await ask();
+        await ask();
+        return json("/admin/status");
+      },
       (s) => s.warnings?.length > 0,
+      30_000,
     );
     expect(status.warnings).toEqual([WARNING]);
     expect(status.nodes.find((n: any) => n.id === "p-noflag").usageDetails).toBe("missing");

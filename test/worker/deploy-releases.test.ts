@@ -6,7 +6,7 @@
 // the engine, a stream D's server never answered) and leaves it to D when D's engine may have it
 // (its own refusal, its abort path, its read).
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { decodeContact, releasesUnreadHandle } from "../../src/forward/handle-release";
+import { decodeContact, notifiesPItself, releasesUnreadHandle } from "../../src/forward/handle-release";
 import { UpstreamFailure } from "../../src/forward/upstream";
 import { chat, control, expectNoLoad, fault, post, putCluster, resetClusterState, resetSim } from "./helpers";
 import { answerText, expectedPrefix, kvParamsReceived, stats, waitFor } from "./engines-helpers";
@@ -25,7 +25,7 @@ describe("7. which failed decode attempts release P's handle (what the router sa
     ["a redirect (an Access login)", f("status", "front", 302), false, true],
     ["the engine refused it (JSON)", f("status", "engine", 500), false, false],
     ["the engine was busy (JSON 503)", f("status", "engine", 503), true, false],
-    ["a stream: no headers in time (D's server never gave it to its engine)", f("timeout"), true, true],
+    ["a stream: no headers in time (D's server never gave it to its engine; vLLM >= 0.21 tells P as the router hangs up)", f("timeout"), true, false],
     ["a stream: headers, then no first byte in time", f("timeout", null, null, true), true, false],
     ["non-streamed: no answer in time (D may be generating)", f("timeout"), false, false],
     ["the request ended while D had it", f("aborted"), true, false],
@@ -36,6 +36,17 @@ describe("7. which failed decode attempts release P's handle (what the router sa
   });
   it("a request that ended before D was sent the handle releases it", () => {
     expect(releasesUnreadHandle("unsent")).toBe(true);
+  });
+  it("a D older than vLLM 0.21 tells P nothing when its serving layer refuses or drops the request: the router releases", () => {
+    expect(releasesUnreadHandle(decodeContact(f("timeout"), true), notifiesPItself("0.20.2"))).toBe(true);
+    expect(releasesUnreadHandle(decodeContact(f("status", "engine", 500), false), notifiesPItself("0.20.2"))).toBe(true);
+    // what the engine may have read stays the engine's, whatever its version
+    expect(releasesUnreadHandle(decodeContact(f("timeout", null, null, true), true), notifiesPItself("0.20.2"))).toBe(false);
+    expect(releasesUnreadHandle(decodeContact(f("timeout"), true), notifiesPItself("0.21.0"))).toBe(false);
+  });
+  it("reads a node's vllmVersion: absent or 0.21 and newer tell P themselves", () => {
+    expect([undefined, "0.21.0", "0.21", "0.22.1rc1", "1.0.0", "0.21.1+cu128"].map(notifiesPItself)).toEqual([true, true, true, true, true, true]);
+    expect(["0.20.2", "0.9.1", "0.20.1rc2", "0.11"].map(notifiesPItself)).toEqual([false, false, false, false]);
   });
 });
 
@@ -111,10 +122,40 @@ describe("7. releases through the Worker, against the strict simulator", () => {
     expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });
 
-  it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck): released through the next D", async () => {
+  it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck), D older than vLLM 0.21: released through the next D", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      timeouts: { decodeFirstByteMs: 1500 },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode", vllmVersion: "0.20.2" },
+        { id: "d1", role: "decode" },
+      ],
+    });
+    // the simulated d0 as vLLM < 0.21: its serving layer tells P nothing
+    await control("/engines/d0/options", { rejectionReleasesHandle: false });
+    try {
+      await fault("d0", { mode: "hang", count: 1 });
+      await twoRequests(true);
+      const p0 = await waitFor(
+        () => stats("p0"),
+        (s) => s.heldHandles === 0,
+        2000,
+        "p0 holds no handle",
+      );
+      expect(p0.releasedHandles).toBe(1);
+      expect(await releasesAt(["d1"])).toHaveLength(1);
+    } finally {
+      await control("/engines/d0/options", { rejectionReleasesHandle: true });
+    }
+  });
+
+  it("the same stuck stream on a D of vLLM 0.21 or newer (no vllmVersion): no release — D's cancelled route tells P itself", async () => {
     await fault("d0", { mode: "hang", count: 1 });
     await twoRequests(true);
     await d0HadTheHandle();
+    // P is told once, by d0 (the simulator models vLLM >= 0.21's cancellation cleanup), not twice
     const p0 = await waitFor(
       () => stats("p0"),
       (s) => s.heldHandles === 0,
@@ -122,7 +163,7 @@ describe("7. releases through the Worker, against the strict simulator", () => {
       "p0 holds no handle",
     );
     expect(p0.releasedHandles).toBe(1);
-    expect(await releasesAt(["d1"])).toHaveLength(1);
+    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
   });
 
   it("D unreachable: released through the next D", async () => {

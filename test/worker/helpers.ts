@@ -64,6 +64,7 @@ export type NodeSpec = {
   models?: string[];
   apiKeySecret?: string;
   url?: string;
+  vllmVersion?: string;
 };
 
 /**

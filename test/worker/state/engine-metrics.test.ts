@@ -31,10 +31,11 @@ describe("reading an engine's /metrics page", () => {
     });
   });
 
-  it("several label sets on one node (DP engines or ranks): queues and capacity summed, KV use averaged", () => {
+  it("several label sets on one node (DP engines or ranks): queues summed, KV use averaged, capacity one engine's of two", () => {
     const r = readEngineMetrics(vllmMetricsText({ kvUsage: 0.4, waiting: 6, running: 8, capacityTokens: 32_000 }, 2))!;
     expect(r).toMatchObject({ kvUsage: 0.4, waiting: 6, running: 8 });
-    expect(r.kvCapacityTokens).toBe(32_000);
+    expect(r.kvCapacityTokens).toBe(16_000);
+    expect(r.kvRanks).toBe(2);
   });
 
   it("garbage, HTML and other programs' metrics give no reading", () => {

@@ -14,6 +14,7 @@ import { PrefixMemory } from "../../../src/state/prefix-memory";
 import { RecentShare } from "../../../src/state/recent-share";
 import type { RouteSources, StickyPair } from "../../../src/state/route-selection";
 import { RouterStats } from "../../../src/state/router-stats";
+import { SilentNodes } from "../../../src/state/silent-nodes";
 import type { StatusSources } from "../../../src/state/snapshot";
 import type { ClusterView, RouteRequest } from "../../../src/state/types";
 
@@ -101,5 +102,6 @@ export function modules(ttlMs = 60_000): RouteSources & StatusSources {
     admission: new EdgeAdmission(),
     history: new NodeHistory(),
     usageDetails: new PrefillUsageDetails(),
+    silent: new SilentNodes(),
   };
 }

@@ -125,9 +125,11 @@ describe("the counters", () => {
     expect(s.requests()).toEqual([{ route: "/v1/completions", status: 499, count: 1 }]);
   });
 
-  it("a prefill node that never reports prompt_tokens_details is named once in the log", () => {
+  it("a prefill node that never reports prompt_tokens_details, though its /metrics shows prefix-cache hits, is named once in the log", () => {
     const warn = vi.spyOn(console, "warn").mockImplementation(() => undefined);
     const u = new PrefillUsageDetails();
+    u.prefixHits("p0", 0);
+    u.prefixHits("p0", 4096);
     for (let i = 0; i < USAGE_DETAILS_SAMPLE + 5; i++) u.note("p0", false);
     u.note("p1", true);
     expect([u.verdict("p0"), u.verdict("p1"), u.verdict("p2")]).toEqual(["missing", "reported", "unknown"]);

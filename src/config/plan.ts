@@ -1,0 +1,74 @@
+import { nodePools } from "./pools";
+import type { ClusterConfig, Problem } from "./schema";
+
+// What one invocation of the router may send, and what a cluster document makes it send.
+// Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
+// by default (raised or lowered with `[limits] subrequests` in wrangler.toml)
+// (developers.cloudflare.com/workers/platform/limits/#subrequests). A Durable Object's alarm run is
+// taken as an invocation of its own (docs/deploy.md, section 8, says how sure that is). The plan is
+// named by the WORKERS_PLAN var.
+
+/** A sub-tick is at least this long: spreading finer gains nothing and costs an alarm run each. */
+export const MIN_SUBTICK_MS = 1_000;
+/** A job over more nodes than this is split into slices, one a sub-tick: two rounds of the six connection slots. */
+export const SLICE_NODES = 12;
+
+/**
+ * How many slices (one a sub-tick) a job over `nodes` nodes with period `periodMs` is spread into,
+ * so its fetches do not leave in one burst and each alarm run sends a bounded number.
+ */
+export function slicesFor(nodes: number, periodMs: number): number {
+  return Math.max(1, Math.min(Math.ceil(nodes / SLICE_NODES), Math.floor(periodMs / MIN_SUBTICK_MS)));
+}
+
+/** Subrequests an invocation may send per WORKERS_PLAN value; a number is a `[limits] subrequests` setting. */
+const PLANS: Record<string, { limit: number; name: string }> = {
+  free: { limit: 50, name: "the Workers Free plan" },
+  paid: { limit: 10_000, name: "the Workers Paid plan's default" },
+};
+
+/** The plan a WORKERS_PLAN value names (unset: paid), or null when it names none. */
+export function planOf(value: string | undefined): { limit: number; name: string } | null {
+  if (value === undefined || value === "") return PLANS.paid!;
+  const known = PLANS[value.toLowerCase()];
+  if (known) return known;
+  const n = Number(value);
+  return Number.isInteger(n) && n > 0 ? { limit: n, name: `[limits] subrequests = ${n}` } : null;
+}
+
+/** The most external subrequests one run of a pool's alarm sends: a probe slice and a poll slice due together. */
+export function alarmSubrequests(nodes: number, c: Pick<ClusterConfig, "health" | "signals">): number {
+  const slice = (period: number) => Math.ceil(nodes / slicesFor(nodes, period));
+  return slice(c.health.intervalMs) + slice(c.signals.intervalMs);
+}
+
+/** Nodes one GET /v1/models asks (each URL once): those without a `models` list. */
+export function modelsSubrequests(config: Pick<ClusterConfig, "nodes">): number {
+  return new Set(config.nodes.filter((n) => !n.models).map((n) => n.url)).size;
+}
+
+/** The document needs more subrequests in one invocation than the plan allows: each way, named. */
+export function planProblems(config: ClusterConfig, planVar: string | undefined): Problem[] {
+  const plan = planOf(planVar);
+  if (!plan) return [{ path: "(WORKERS_PLAN)", message: `the WORKERS_PLAN var must be "free", "paid" or the [limits] subrequests number, not "${planVar}"` }];
+  const problems: Problem[] = [];
+  const allows = `more than ${plan.name} allows in one invocation (${plan.limit}; WORKERS_PLAN var, docs/deploy.md section 8)`;
+  for (const pool of nodePools(config)) {
+    const need = alarmSubrequests(pool.nodes.length, config);
+    if (need <= plan.limit) continue;
+    problems.push({
+      path: "nodes",
+      message:
+        `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes and of the /metrics polls), ${allows}: ` +
+        "lengthen health.intervalMs and signals.intervalMs (a longer period spreads the nodes over more one-second sub-ticks), split the nodes into pools by model, or use a plan that allows more",
+    });
+  }
+  const asks = modelsSubrequests(config);
+  if (asks > plan.limit) {
+    problems.push({
+      path: "nodes",
+      message: `GET /v1/models would ask ${asks} nodes (those without a "models" list) in one request, ${allows}: give the nodes a "models" list, or use a plan that allows more`,
+    });
+  }
+  return problems;
+}

@@ -1,0 +1,50 @@
+import { describe, expect, it } from "vitest";
+import { alarmSubrequests, planProblems } from "../../src/config/plan";
+import { parseClusterDocument } from "../../src/config/schema";
+
+// Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
+// by default (developers.cloudflare.com/workers/platform/limits/#subrequests). The WORKERS_PLAN var
+// names the plan; a document whose pool would need more in one invocation — a run of the alarm
+// (a slice of the probes and of the polls) or one GET /v1/models — is refused, naming why.
+
+const nodes = (n: number, models?: string[]) =>
+  Array.from({ length: n }, (_, i) => ({ id: `n${i}`, url: `http://10.1.${i >> 8}.${i & 255}:8000`, role: "both", ...(models ? { models } : {}) }));
+const parse = (doc: Record<string, unknown>, plan?: string) => parseClusterDocument({ protocol: "colocated", ...doc }, { limits: (c) => planProblems(c, plan) });
+const problemsOf = (doc: Record<string, unknown>, plan?: string) => {
+  const parsed = parse(doc, plan);
+  return parsed.ok ? [] : parsed.problems;
+};
+
+describe("the plan check refuses a document too large for the Workers plan", () => {
+  it("Free: 60 nodes without a models list would make GET /v1/models ask 60 nodes in one request: refused, saying how to fix it", () => {
+    const problems = problemsOf({ nodes: nodes(60) }, "free");
+    expect(problems).toHaveLength(1);
+    expect(problems[0]!.path).toBe("nodes");
+    expect(problems[0]!.message).toMatch(/GET \/v1\/models would ask 60 nodes/);
+    expect(problems[0]!.message).toMatch(/Workers Free plan.*\(50; WORKERS_PLAN var/);
+    expect(problems[0]!.message).toMatch(/"models" list/);
+  });
+
+  it("Free: 40 such nodes fit (the alarm sends 20 a run, /v1/models asks 40)", () => {
+    expect(problemsOf({ nodes: nodes(40) }, "free")).toEqual([]);
+  });
+
+  it("Free: 512 nodes serving one model are refused at the default periods (155 a run) and fit with minute-long ones", () => {
+    expect(alarmSubrequests(512, { health: { intervalMs: 10_000 }, signals: { intervalMs: 5_000 } } as never)).toBe(52 + 103);
+    const problems = problemsOf({ nodes: nodes(512, ["m"]) }, "free");
+    expect(problems.map((p) => p.path)).toEqual(["nodes"]);
+    expect(problems[0]!.message).toMatch(/512 nodes in one pool make its alarm send up to 155 subrequests a run/);
+    expect(problems[0]!.message).toMatch(/health\.intervalMs and signals\.intervalMs/);
+    expect(problemsOf({ nodes: nodes(512, ["m"]), health: { intervalMs: 60_000 }, signals: { intervalMs: 60_000, staleMs: 180_000 } }, "free")).toEqual([]);
+  });
+
+  it("Paid (the default when WORKERS_PLAN is unset): 512 nodes without models lists fit", () => {
+    expect(problemsOf({ nodes: nodes(512) })).toEqual([]);
+    expect(problemsOf({ nodes: nodes(512) }, "paid")).toEqual([]);
+  });
+
+  it("a [limits] subrequests number is taken as the limit; a WORKERS_PLAN that names nothing is a problem of its own", () => {
+    expect(problemsOf({ nodes: nodes(300) }, "200")[0]?.message).toMatch(/\[limits\] subrequests = 200/);
+    expect(problemsOf({ nodes: nodes(4) }, "gold")).toEqual([{ path: "(WORKERS_PLAN)", message: expect.stringMatching(/"free", "paid"/) }]);
+  });
+});
