@@ -141,8 +141,8 @@ export function readEngineMetrics(text: string): EngineReading | null {
     const line = raw.trimStart();
     // only the series read are parsed (a page has a thousand other lines); a comment names none
     const signal = signalOf(line.slice(0, line.search(/[{\s]/)));
-    // labels are read only where they are the figures
-    const sample = signal ? parseSample(line, signal === "cacheConfig") : null;
+    // labels tell the schedulers apart (DP ranks, TP copies) and are cache_config_info's figures
+    const sample = signal ? parseSample(line) : null;
     if (!signal || !sample || !Number.isFinite(sample.value)) continue;
     const scheduler = schedulerOf(sample.name, sample.labels);
     if (seen.has(scheduler)) continue;
