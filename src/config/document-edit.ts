@@ -1,4 +1,5 @@
 import { CONFIG_KEY, textVersion } from "./load";
+import { withPlanLimits } from "./plan";
 import { parseClusterDocument, type ConfigDefaults, type Problem } from "./schema";
 import { nodesPointingAt } from "./self-origin";
 
@@ -95,7 +96,7 @@ export function applyEdit(stored: string | null, edit: DocumentEdit): { ok: true
 
 /** Validation of a document about to be written: the schema, plus no node at the router itself. */
 export function writeProblems(raw: string, defaults: ConfigDefaults, selfOrigin: string): Problem[] {
-  const parsed = parseClusterDocument(raw, defaults);
+  const parsed = parseClusterDocument(raw, withPlanLimits(defaults));
   if (!parsed.ok) return parsed.problems;
   return nodesPointingAt(parsed.config, selfOrigin).map((id) => ({
     path: `nodes[${parsed.config.nodes.findIndex((n) => n.id === id)}].url`,
@@ -146,7 +147,7 @@ export class DocumentEditor {
     this.#lastWrittenAt = this.now();
     this.#written.add(textVersion(edited.raw));
     if (this.#written.size > 1000) this.#written.delete(this.#written.values().next().value as string);
-    const parsed = parseClusterDocument(edited.raw, req.defaults);
+    const parsed = parseClusterDocument(edited.raw, withPlanLimits(req.defaults));
     return { ok: true, raw: edited.raw, version: textVersion(edited.raw), nodes: parsed.ok ? parsed.config.nodes.map((n) => n.id) : [] };
   }
 }

@@ -1,5 +1,5 @@
 import { nodePools } from "./pools";
-import type { ClusterConfig, Problem } from "./schema";
+import type { ClusterConfig, ConfigDefaults, Problem } from "./schema";
 
 // What one invocation of the router may send, and what a cluster document makes it send.
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
@@ -71,4 +71,9 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
     });
   }
   return problems;
+}
+
+/** The document defaults with the plan's check added (schema.ts calls it; see ConfigDefaults.limits). */
+export function withPlanLimits(defaults: ConfigDefaults): ConfigDefaults {
+  return { ...defaults, limits: (config) => planProblems(config, defaults.plan) };
 }

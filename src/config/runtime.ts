@@ -2,7 +2,7 @@ import type { Env } from "../env";
 import { RouterError } from "../errors";
 import type { ClusterView } from "./cluster-view";
 import { ClusterConfigLoader, CONFIG_KEY, DEFAULT_CONFIG_TTL_MS, type ConfigSnapshot } from "./load";
-import { planProblems } from "./plan";
+import { withPlanLimits } from "./plan";
 import { nodePools, WHOLE_CLUSTER, type NodePool } from "./pools";
 import { localPrefillOf, type ClusterConfig, type NodeConfig } from "./schema";
 
@@ -59,7 +59,7 @@ export function currentConfig(env: Env, count?: StateCallCount): Promise<ConfigS
     read: () => env.NODES.get(CONFIG_KEY),
     saveLastGood: (raw) => counted(() => state().saveLastGoodConfig(raw)),
     loadLastGood: () => counted(() => state().lastGoodConfig()),
-    defaults: { protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, limits: (c) => planProblems(c, env.WORKERS_PLAN) },
+    defaults: withPlanLimits({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, plan: env.WORKERS_PLAN }),
     ttlMs: numberVar(env.CONFIG_TTL_MS, DEFAULT_CONFIG_TTL_MS),
     now: () => Date.now(),
     log: (event) => console.warn(JSON.stringify(event)),

@@ -235,7 +235,13 @@ export interface Problem {
 export interface ConfigDefaults {
   protocol?: string | undefined;
   policy?: string | undefined;
-  /** the Workers plan's limits a document must fit (src/config/plan.ts planProblems, with the WORKERS_PLAN var); passed in, as plan.ts reads this module's types */
+  /** the WORKERS_PLAN var: the subrequests one invocation may send (src/config/plan.ts) */
+  plan?: string | undefined;
+  /**
+   * the plan's check (plan.ts withPlanLimits adds it: plan.ts reads this module's types, so this
+   * module cannot import it); absent: no plan check. Data crosses RPC, a function does not: add it
+   * where the document is parsed.
+   */
   limits?: ((config: ClusterConfig) => Problem[]) | undefined;
 }
 

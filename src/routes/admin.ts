@@ -5,8 +5,7 @@ import { bodyLimit } from "../auth/request-limits";
 import { documentETag, writeProblems, type DocumentEdit } from "../config/document-edit";
 import { CONFIG_KEY, textVersion } from "../config/load";
 import { clusterState, invalidateConfig } from "../config/runtime";
-import { planProblems } from "../config/plan";
-import type { ClusterConfig, Problem } from "../config/schema";
+import type { Problem } from "../config/schema";
 import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
@@ -34,7 +33,7 @@ adminRoutes.use(
   ),
 );
 
-const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, limits: (c: ClusterConfig) => planProblems(c, env.WORKERS_PLAN) });
+const defaultsOf = (env: Env) => ({ protocol: env.DEFAULT_PROTOCOL, policy: env.DEFAULT_POLICY, plan: env.WORKERS_PLAN });
 const readStored = (env: Env) => env.NODES.get(CONFIG_KEY);
 
 /** 400 naming every problem: in the message, and as a `problems` list beside the envelope's fields. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { alarmSubrequests, planProblems } from "../../src/config/plan";
+import { alarmSubrequests, withPlanLimits } from "../../src/config/plan";
 import { parseClusterDocument } from "../../src/config/schema";
 
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
@@ -9,7 +9,7 @@ import { parseClusterDocument } from "../../src/config/schema";
 
 const nodes = (n: number, models?: string[]) =>
   Array.from({ length: n }, (_, i) => ({ id: `n${i}`, url: `http://10.1.${i >> 8}.${i & 255}:8000`, role: "both", ...(models ? { models } : {}) }));
-const parse = (doc: Record<string, unknown>, plan?: string) => parseClusterDocument({ protocol: "colocated", ...doc }, { limits: (c) => planProblems(c, plan) });
+const parse = (doc: Record<string, unknown>, plan?: string) => parseClusterDocument({ protocol: "colocated", ...doc }, withPlanLimits({ plan }));
 const problemsOf = (doc: Record<string, unknown>, plan?: string) => {
   const parsed = parse(doc, plan);
   return parsed.ok ? [] : parsed.problems;

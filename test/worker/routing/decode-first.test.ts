@@ -36,12 +36,15 @@ const dOf = (key: string, ids = ["d0", "d1"]) =>
 const pOf = (key: string, nodes: CandidateNode[]) => rendezvousRank(key, nodes)[0]!.node.id;
 
 describe("decode first: D alone when it holds most of the prompt", () => {
-  it("a warm turn (18 of 20 blocks held on D): local, no P, the reason is cached", () => {
+  it("a warm turn (18 of 20 blocks held on D): local, no P, the reason is cached; should D fail, the P/D path is its fallback", () => {
     const d = dOf("k");
     const r = decided(conditional({ prefixMatches: { prefill: {}, decode: { [d]: 18 } } }));
     expect(r).toMatchObject({ mode: "local", reason: "cached" });
     expect(r.decode.id).toBe(d);
-    expect(r.prefill).toMatchObject({ id: d, rule: "local_prefill", fallbacks: [] });
+    expect(r.prefill).toMatchObject({ id: d, rule: "local_prefill" });
+    // issue 25 item 5: the Ps the request goes through if D fails (never D itself)
+    expect(r.prefill.fallbacks.length).toBeGreaterThan(0);
+    for (const p of r.prefill.fallbacks) expect(p.startsWith("p")).toBe(true);
     // 2 blocks of 512 characters at 4 a token
     expect(r.tokens).toMatchObject({ prompt: 2560, uncachedOnDecode: 256, prefillWork: 256, decodeWork: 256 });
   });
@@ -87,12 +90,12 @@ describe("decode first: D alone when it holds most of the prompt", () => {
     expect(r.decode.id).toBe("d1");
   });
 
-  it("a local prefill fails over only to decode nodes that may prefill alone", () => {
+  it("a local prefill fails over to any D through a P (issue 25 item 5)", () => {
     const decode = [vllmD("d0"), vllmD("d1"), node("d2", { localPrefill: false })];
     const key = testKeys(200).find((k) => dOf(k, ["d0", "d1", "d2"]) === "d0")!;
     const r = decided(conditional({ key, decode, prefixMatches: { prefill: {}, decode: { d0: 18 } } }));
     expect(r.mode).toBe("local");
-    expect(r.decode.fallbacks).toEqual(["d1"]);
+    expect([...r.decode.fallbacks].sort()).toEqual(["d1", "d2"]);
   });
 
   it("under `always` every request is disaggregated, reason always, whatever D holds (today's behaviour)", () => {
@@ -244,7 +247,9 @@ describe("every conditional decision (properties)", () => {
               expect(dNode.localPrefill).toBe(true);
               const s = dNode.signals;
               if (s && s.kvUsage !== null) expect(s.kvUsage).toBeLessThan(guard.kvBusy);
-              for (const id of r.decode.fallbacks) expect(decode.find((n) => n.id === id)?.localPrefill).toBe(true);
+              // its D's fallbacks prefill alone too, unless a P/D path is there to fall back to (issue 25 item 5)
+              if (r.prefill.fallbacks.length === 0) for (const id of r.decode.fallbacks) expect(decode.find((n) => n.id === id)?.localPrefill).toBe(true);
+              for (const id of r.prefill.fallbacks) expect(input.prefill.some((n) => n.id === id)).toBe(true);
             }
           } else {
             expect(r.mode).toBe("disaggregated");
