@@ -15,12 +15,14 @@ import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
 import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-reader";
-import { chargeRateLimit } from "../auth/client-access";
+import { apiKeys, chargeRateLimit } from "../auth/client-access";
+import { bearerToken } from "../auth/bearer";
+import { keyLabel } from "../auth/digest";
 import { nodeAccess } from "../forward/node-fetch";
 import { BUSY_RETRY_DEFAULT_MS, UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
-import { affinityKey, conversationKey } from "../routing/affinity-key";
+import { affinityKey, agentSessionOf, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes, promptCharCount } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import { DEFAULT_LEASE_TTL_MS } from "../state/cluster-state";
@@ -80,7 +82,9 @@ export async function buildRouteRequest(
   // A turn that continues a stored response needs the nodes that stored it, whatever the policy.
   const pinned = kind === "responses" && typeof body.previous_response_id === "string" && body.previous_response_id !== "";
   const keyed = pinned || (!oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode)));
-  const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
+  const affinity = keyed
+    ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, agentSessionId: agentSessionOf((name) => c.req.header(name)), tenant: await tenantOf(c), body, kind })
+    : null;
   const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
   // conditional disaggregation asks how much of the prompt D holds: the prefix blocks, whatever the policy
   const conditional = !colocated && policy.disaggregation === "conditional";
@@ -112,6 +116,19 @@ export async function buildRouteRequest(
       ...(pinned ? { pinned } : {}),
     },
   };
+}
+
+/**
+ * The API key label a client-chosen affinity key is hashed with (SPEC 9). The auth middleware sets
+ * it only on the routes that count keys in their finish report; /v1/responses and /v1/route derive
+ * it here from the key it already checked, so a dry run names the key a real request gets.
+ */
+async function tenantOf(c: Ctx): Promise<string | null> {
+  const label = c.get("keyLabel");
+  if (label) return label;
+  if (apiKeys(c.env).length === 0) return null;
+  const token = bearerToken(c.req.header("authorization"));
+  return token === null ? null : keyLabel(token);
 }
 
 /** Per document: node ids by origin, so the loop check costs one lookup a request. */
