@@ -86,8 +86,8 @@ export async function buildRouteRequest(
     ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, agentSessionId: agentSessionOf((name) => c.req.header(name)), tenant: await tenantOf(c), body, kind })
     : null;
   const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
-  // conditional disaggregation asks how much of the prompt D holds: the prefix blocks, whatever the policy
-  const conditional = !colocated && policy.disaggregation === "conditional";
+  // conditional and predicted disaggregation ask how much of the prompt D (and P) hold: the prefix blocks, whatever the policy
+  const conditional = !colocated && (policy.disaggregation === "conditional" || policy.disaggregation === "predicted");
   // Only cache_aware and conditional need the prompt rendered as one string and hashed; the rest
   // of the policies pay for its length alone (requests are weighed by their tokens).
   const text = cacheAware || conditional ? canonicalPromptText(body, kind) : null;
@@ -288,6 +288,8 @@ async function route(
     const forward = oneHop ? forwardColocated : life.isLocalPrefill ? forwardLocalPrefill : PROTOCOLS[config.protocol];
     const answer = await forward(ctx);
     if (!oneHop) reportPrefillUsage(life, answer);
+    // P's answer when it ran first, then D's first byte: what the predicted TTFT is held against
+    life.observe({ ttftMs: answer.prefillMs + answer.decodeMs });
     life.timings.decodeMs = answer.decodeMs;
     if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
     return { life, config, answer };
@@ -344,6 +346,50 @@ function responseIdWatcher(life: RequestLife): (bytes: Uint8Array) => void {
   };
 }
 
+/**
+ * Counts a stream's SSE data events as they pass and when the first and last came: a token is an
+ * event (vLLM and SGLang send one a token, or a few at a time under load, which this counts as one
+ * step). One look at each byte, no decoding.
+ */
+function streamPace(): { events: number; first: number; last: number; watch(bytes: Uint8Array): void } {
+  // "data:" at the start of a line; `atLineStart` carries across chunks
+  const DATA = [0x64, 0x61, 0x74, 0x61, 0x3a];
+  let atLineStart = true;
+  let matched = -1;
+  const pace = {
+    events: 0,
+    first: 0,
+    last: 0,
+    watch(bytes: Uint8Array) {
+      let found = false;
+      for (const b of bytes) {
+        if (b === 0x0a) {
+          atLineStart = true;
+          matched = -1;
+          continue;
+        }
+        if (atLineStart) {
+          matched = 0;
+          atLineStart = false;
+        }
+        if (matched >= 0 && b === DATA[matched]) {
+          matched++;
+          if (matched === DATA.length) {
+            pace.events++;
+            found = true;
+            matched = -1;
+          }
+        } else matched = -1;
+      }
+      if (!found) return;
+      const now = Date.now();
+      if (pace.first === 0) pace.first = now;
+      pace.last = now;
+    },
+  };
+  return pace;
+}
+
 /** D's answer as the client's body: a whole JSON text, or D's stream as a source to relay. Ends the life when the body ends. */
 function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
@@ -364,6 +410,7 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
   const onEnd = (end: StreamEnd) => {
     switch (end.outcome) {
       case "ok":
+        if (pace.events > 0) life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first });
         return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
       case "failure":
         // D's failure counts against D; P's (after D's first byte) against P; a request D found
@@ -388,12 +435,18 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
   };
   // its stream's usage frame, when the client asked for one, is watched (never changed)
   const watch = alone && streamHasUsage(kind, body) ? usageObserver((u) => (seen = u)) : null;
+  // the stream's pace (node-rates.ts learns D's decode step from it)
+  const pace = streamPace();
+  const responseId = kind === "responses" ? responseIdWatcher(life) : null;
   const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
     rewrite: fix && (kind === "responses" || streamHasUsage(kind, body)) ? usageRewrite(fix) : watch,
-    ...(kind === "responses" ? { watch: responseIdWatcher(life) } : {}),
+    watch: (bytes) => {
+      pace.watch(bytes);
+      responseId?.(bytes);
+    },
     idleMs: config.timeouts.decodeIdleMs,
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),

@@ -9,7 +9,9 @@ import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
 import { NodeHealthTable } from "./health-table";
-import { expiredLeaseLog, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
+import { expiredLeaseLog, LeaseTable, leaseTimings, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
+import { NodeRateTable, profileOf } from "./node-rates";
+import { RoutingPrecision } from "./routing-precision";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
 import { PrefillUsageDetails } from "./prefill-usage-details";
@@ -43,6 +45,8 @@ export class ClusterState extends DurableObject {
   private readonly sticky = new BoundedMap<StickyPair>(STICKY_ENTRIES);
   private readonly cursors = new RoundRobinCursors();
   private readonly signals = new EngineSignals();
+  private readonly rates = new NodeRateTable();
+  private readonly precision = new RoutingPrecision();
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -62,6 +66,8 @@ export class ClusterState extends DurableObject {
     admission: this.#admission,
     history: this.#history,
     usageDetails: this.#usageDetails,
+    rates: this.rates,
+    precision: this.precision,
   };
   readonly #sql = this.ctx.storage.sql;
   readonly #documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
@@ -107,6 +113,7 @@ export class ClusterState extends DurableObject {
 
   /** P answered (or gave up): its part of the lease ends now, while D's goes on. */
   prefillDone(leaseId: string, report: LegReport): void {
+    this.#notePrefillMs(this.#leases.get(leaseId), report);
     this.#leases.endPrefill(leaseId, report.node);
     this.#legEnded("prefill", report, Date.now());
   }
@@ -130,6 +137,7 @@ export class ClusterState extends DurableObject {
     if (report.usageDetails) this.#usageDetails.note(report.usageDetails.node, report.usageDetails.reported);
     if (report.remember) this.sticky.remember(report.remember.key, { prefill: report.remember.prefill, decode: report.remember.decode });
     if (report.engineUsage && leaseId) this.prefixes.learn(this.#leases.get(leaseId), report.engineUsage, this.cluster);
+    if (leaseId) this.#learnFrom(this.#leases.get(leaseId), report, now);
     if (report.prefill) this.#legEnded("prefill", report.prefill, now);
     if (report.decode) this.#legEnded("decode", report.decode, now);
     if (!leaseId) return;
@@ -229,6 +237,7 @@ export class ClusterState extends DurableObject {
     if (prediction && usesCacheAware(cluster.policy)) this.#stats.countPrefix(req.prefixHashes.length, prediction.matched);
     const leaseId = req.leaseId ?? this.#leases.newId(now);
     const lease = routedLease(req, decision, input.colocated, now + this.#leases.ttlMs, prediction);
+    lease.timing = leaseTimings(req, decision, this.#leases.loadOf(decision.mode === "disaggregated" ? decision.prefill.id : d)?.prefillTokens ?? 0);
     this.#leases.take(leaseId, lease);
     this.signals.dispatched(d, lease.tokens);
     // in half-open, this request is the node's one trial (a local prefill's P is D itself)
@@ -236,6 +245,46 @@ export class ClusterState extends DurableObject {
     this.health.picked(d, now);
     this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife, decision.tokens.prefillWork, decision.tokens.decodeWork);
     return leaseId;
+  }
+
+  /** P answered: its time, kept with the lease until the request ends (node-rates.ts learns then). */
+  #notePrefillMs(lease: NodeLease | undefined, report: LegReport): void {
+    if (lease?.timing && report.outcome === "ok" && report.ms !== undefined && lease.timing.prefillMs === undefined) lease.timing.prefillMs = report.ms;
+  }
+
+  /**
+   * An answered request teaches its nodes' rates (node-rates.ts) from its legs' times and the
+   * engine's token counts, adds its actual / predicted TTFT, and, as a conversation's follow-up,
+   * counts for routing precision.
+   */
+  #learnFrom(lease: NodeLease | undefined, report: FinishReport, now: number): void {
+    const t = lease?.timing;
+    if (!lease || !t) return;
+    if (report.prefill) this.#notePrefillMs(lease, report.prefill);
+    const usage = report.engineUsage?.node === t.prefiller ? report.engineUsage : undefined;
+    if (usage && t.key) this.precision.observe(t.key, usage.promptTokens, usage.cachedTokens, now);
+    if (report.status !== 200 || report.decode?.outcome !== "ok") return;
+    const observed = report.observed;
+    const cluster = this.cluster;
+    const profiles = (node: string) => profileOf(cluster?.profile, cluster?.nodes.find((n) => n.id === node)?.profile);
+    this.rates.learn(
+      {
+        prefiller: t.prefiller,
+        decode: lease.decode,
+        disaggregated: lease.mode === "disaggregated",
+        aheadTokens: t.aheadTokens,
+        promptTokens: usage?.promptTokens ?? t.promptTokens,
+        cachedTokens: usage ? usage.cachedTokens : t.predictedCached,
+        transferTokens: t.transferTokens,
+        prefillMs: t.prefillMs,
+        ttftMs: observed?.ttftMs,
+        streamEvents: observed?.streamEvents,
+        streamSpanMs: observed?.streamSpanMs,
+      },
+      now,
+      profiles,
+    );
+    if (t.predictedTtftMs !== undefined && observed?.ttftMs !== undefined) this.#stats.observePrediction(observed.ttftMs, t.predictedTtftMs);
   }
 
   /** A leg's outcome for the node's health, and its latency when it answered. */
@@ -293,6 +342,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
+      this.rates.forget(id);
     }
     this.#schedule.configure(periodsOf(view), Date.now());
     // new nodes or thresholds may admit requests that wait

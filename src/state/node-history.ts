@@ -5,11 +5,15 @@ export interface NodeSample {
   /** the engine's reported KV use 0..1, null without a fresh poll */
   kvUsage: number | null;
   queue: number | null;
+  /** requests routed to the node so far, both roles (rates come from the difference of two points) */
+  requests?: number;
 }
 
 export interface HistoryPoint {
   t: number;
   nodes: NodeSample[];
+  /** requests routed so far by this object */
+  routed?: number;
 }
 
 /**

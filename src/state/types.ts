@@ -6,6 +6,7 @@ import type { EngineUsage } from "./cache-feedback";
 import type { SignalSettings } from "./engine-signals";
 import type { BreakerState, HealthSettings } from "./health";
 import type { HistoryPoint } from "./node-history";
+import type { RateProfile } from "../routing/predict";
 
 /** The part of the cluster document the Durable Object needs; sent with every call that routes. */
 export interface ClusterView {
@@ -16,6 +17,8 @@ export interface ClusterView {
   /** absent in a view saved before signals existed: the defaults apply */
   signals?: SignalSettings | undefined;
   admission?: AdmissionSettings | undefined;
+  /** SPEC 9 `profile`: the learned rates' prior for the pool (absent: the defaults) */
+  profile?: Partial<RateProfile> | undefined;
   nodes: Array<{
     id: string;
     url: string;
@@ -29,6 +32,8 @@ export interface ClusterView {
     apiKeySecret?: string | undefined;
     /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
     localPrefill?: boolean | undefined;
+    /** this node's own prior rates, over the pool's */
+    profile?: Partial<RateProfile> | undefined;
   }>;
 }
 
@@ -105,6 +110,17 @@ export interface FinishReport {
   engineUsage?: EngineUsage;
   prefill?: LegReport;
   decode?: LegReport;
+  /** what the Worker measured of a request that was answered (learned rates, prediction ratio) */
+  observed?: RequestObservation;
+}
+
+/** The Worker's measurements of one answered request. */
+export interface RequestObservation {
+  /** ms from sending the first leg to D's first byte: P's answer (when P ran first) plus D's first byte */
+  ttftMs?: number;
+  /** a stream's data events and the ms between the first and the last */
+  streamEvents?: number;
+  streamSpanMs?: number;
 }
 
 export interface FailoverResponse {
@@ -140,6 +156,8 @@ export interface NodeStatus {
    * the node was taken to have lost its cache, and its learned characters per token
    */
   prefix: { predictedTokens: number; cachedTokens: number; cacheLost: number; charsPerToken: number };
+  /** learned rates (SPEC 9): prefill at context 0, decode step, KV transfer to it (absent in snapshots of older objects) */
+  rates?: { prefillTokensPerS: number; decodeStepMs: number; transferMsPerGB: number };
 }
 
 export interface NodeSignalsStatus {
@@ -172,6 +190,10 @@ export interface ClusterSnapshot {
   admission: { queued: number; wait: Histogram; rejected: Array<{ reason: string; count: number }> };
   /** the last minutes of per-node figures (status page charts) */
   history: HistoryPoint[];
+  /** actual / predicted TTFT under predicted disaggregation (buckets in the ratio's own unit) */
+  prediction?: Histogram;
+  /** routing precision per pool, last 15 minutes: follow-up turns judged and those that landed on their prefix */
+  precision?: Array<{ pool: string; followUps: number; precise: number }>;
   now: number;
 }
 
