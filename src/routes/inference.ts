@@ -649,6 +649,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     reason: d.reason,
     promptTokens: d.tokens.prompt,
     uncachedTokens: d.tokens.uncachedOnDecode,
+    // SPEC 9: predicted disaggregation's TTFT for the option taken (each candidate shows its own)
+    ...(d.predictedTtftMs !== undefined ? { predictedTtftMs: d.predictedTtftMs } : {}),
     prefill: summary("prefill"),
     decode: summary("decode"),
     key: { source: keySource, hash: request.key, prefixBlocks },
@@ -657,7 +659,7 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     // every decode node that could serve it is busy: the request would wait at the edge (SPEC 8)
     admission: routed.wouldWait ? { wait: true, queued: routed.wouldWait.queued } : { wait: false },
     // health, breaker, failures, in-flight load and engine signals of every node, as the Durable Object sees them
-    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, busyUntil, failureStreak, failuresTotal, inflight, drain, signals }) => ({
+    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, busyUntil, failureStreak, failuresTotal, inflight, drain, signals, rates }) => ({
       id,
       healthy,
       probeUp,
@@ -669,6 +671,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       inflight,
       drain,
       signals,
+      // learned rates (SPEC 9), whatever the disaggregation
+      rates,
     })),
   });
 }

@@ -126,6 +126,9 @@ export class ClusterState extends DurableObject {
     if (!moved) return { next: null };
     // the failed D never held the request's KV; the next one will
     if (role === "decode") this.signals.moved(moved.from, moved.next, moved.lease.tokens);
+    // the node that prefills moved: its rate and the engine's answer are the next one's
+    const timing = moved.lease.timing;
+    if (timing && (role === "prefill" || moved.lease.mode !== "disaggregated")) timing.prefiller = moved.next;
     this.health.picked(moved.next, now);
     return { next: moved.next };
   }
