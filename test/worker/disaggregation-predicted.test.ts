@@ -1,5 +1,5 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot } from "./signals-helpers";
+import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —
@@ -123,5 +123,26 @@ describe("learned rates", () => {
     expect(after).toBeGreaterThan(2 * before);
     const p0 = (await snapshot()).nodes.find((n) => n.id === "p0")!;
     expect(p0.rates!.prefillTokensPerS).toBeLessThan(1000 / (2 * before));
+  });
+
+  it("a stream's pace teaches D's decode step (the gaps between its events, as the relay passes them)", async () => {
+    await putNodes(
+      [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+      // a prior far from the simulator's steps (a few real ms at its time scale)
+      { ...predicted(), profile: { decodeStepMs: 5000 } },
+    );
+    await poll();
+    const step = async () => (await snapshot()).nodes.find((n) => n.id === "d0")!.rates!.decodeStepMs;
+    expect(await step()).toBe(5000);
+    for (let i = 0; i < 4; i++) {
+      const res = await post("/v1/chat/completions", { ...conversation(`pace-${i}`)(1), max_tokens: 40, stream: true });
+      expect(res.status).toBe(200);
+      await res.text();
+    }
+    // the finish reports travel in waitUntil
+    expect(await waitFor("decode step learned", step, (v) => v < 2500)).toBeLessThan(2500);
   });
 });
