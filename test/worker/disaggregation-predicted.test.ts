@@ -1,5 +1,6 @@
+import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
+import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, stub, waitFor } from "./signals-helpers";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —
@@ -36,8 +37,18 @@ async function send(body: unknown): Promise<{ mode: string | null; p: string | n
 const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 const byId = (list: any[]) => Object.fromEntries(list.map((c) => [c.id, c]));
 
+/** Each test starts from the profile's rates: what an earlier test taught the object is forgotten. */
+async function forgetRates(): Promise<void> {
+  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+  await run(stub() as unknown, (instance) => {
+    instance.rates.clear();
+    instance.precision.clear();
+  });
+}
+
 beforeEach(async () => {
   await resetState();
+  await forgetRates();
   await resetEngines();
   for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1, { capacityTokens: 100_000 }));
 });
@@ -102,27 +113,29 @@ describe("predicted: a local prefill needs KV room for the whole prompt", () => 
 });
 
 describe("learned rates", () => {
-  it("a prefill node made slower is learned: its prefill ms a token in /v1/route and the status rise", async () => {
-    await putNodes(
-      [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
-      ],
-      predicted(),
-    );
+  it("a prefill node made slower is learned (whatever the disaggregation), and predicted disaggregation then prefills on D instead", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "d0", role: "decode" as const },
+    ];
+    // learned under `always`: every request goes through p0
+    await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity" }, signals });
     await poll();
-    const rate = async () => byId((await explain(conversation("probe")(1))).candidates.prefill).p0.prefillMsPerToken as number;
+    const tokensPerS = async () => (await snapshot()).nodes.find((n) => n.id === "p0")!.rates!.prefillTokensPerS;
     const ask = (i: number) => conversation(`rate-${i}`)(1);
     for (let i = 0; i < 5; i++) await send(ask(i));
-    const before = await rate();
+    const before = await waitFor("p0's rate learned", tokensPerS, (v) => v !== 10_000);
     // p0 now takes a second longer to answer each prefill
     const res = await fetch(`${signalsRig().simControlUrl}/engines/p0/fault`, { method: "POST", body: JSON.stringify({ mode: "slow", delayMs: 1000, count: 4 }) });
     expect(res.ok).toBe(true);
     for (let i = 5; i < 9; i++) expect((await send(ask(i))).p).toBe("p0");
-    const after = await rate();
-    expect(after).toBeGreaterThan(2 * before);
-    const p0 = (await snapshot()).nodes.find((n) => n.id === "p0")!;
-    expect(p0.rates!.prefillTokensPerS).toBeLessThan(1000 / (2 * before));
+    const after = await waitFor("p0's slowness learned", tokensPerS, (v) => v < before / 2);
+    expect(after).toBeLessThan(before / 2);
+    // predicted: /v1/route shows the slow rate, and d0 (at its profile's rate) prefills the next cold prompt itself
+    await putNodes(nodes, predicted());
+    const route = await explain(conversation("after-slow")(1));
+    expect(byId(route.candidates.prefill).p0.prefillMsPerToken).toBeGreaterThan((1.5 * 1000) / before);
+    expect(route).toMatchObject({ mode: "local", reason: "predicted", decode: { id: "d0" } });
   });
 
   it("a stream's pace teaches D's decode step (the gaps between its events, as the relay passes them)", async () => {
