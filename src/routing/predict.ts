@@ -16,8 +16,9 @@
 export interface NodeRates {
   /** ms a prefill token at context 0 (prefillContextFactor gives it at a context) */
   prefillMsPerToken: number;
-  /** ms a decode step */
+  /** ms a decode step of one sequence, and what each further sequence in the batch adds */
   decodeStepMs: number;
+  decodeMsPerSeq: number;
   /** ms to move one token's KV to this node (as D) */
   transferMsPerToken: number;
 }
@@ -51,6 +52,7 @@ export const DEFAULT_PROFILE: RateProfile = { prefillTokensPerS: 10_000, decodeS
 export const profileRates = (p: RateProfile): NodeRates => ({
   prefillMsPerToken: 1000 / p.prefillTokensPerS,
   decodeStepMs: p.decodeStepMs,
+  decodeMsPerSeq: 0,
   transferMsPerToken: (KV_BYTES_PER_TOKEN / (p.transferGBPerS * 1e9)) * 1000,
 });
 
@@ -98,6 +100,9 @@ export function remoteTtftMs(p: PredictedNode, onP: RequestSize, d: PredictedNod
   return remoteAfterPrefillMs(prefillDoneMs(p, onP), decodeSide(d, onD));
 }
 
+/** D's next step with this request joining the sequences decoding there. */
+export const stepMsOf = (d: PredictedNode): number => d.rates.decodeStepMs + d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
+
 /** D's part of a pair, which does not depend on P: the transfer of what it lacks, its queue, its step. */
 export interface DecodeSide {
   transferMs: number;
@@ -109,7 +114,7 @@ export function decodeSide(d: PredictedNode, onD: RequestSize): DecodeSide {
   return {
     transferMs: Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
     queueMs: queuedTokens(d, onD) * d.rates.prefillMsPerToken,
-    stepMs: d.rates.decodeStepMs,
+    stepMs: stepMsOf(d),
   };
 }
 
@@ -124,7 +129,7 @@ export interface LocalPrediction {
 
 /** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
 export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {
-  return { ttftMs: prefillDoneMs(d, onD) + d.rates.decodeStepMs, harmMs: ownPrefillMs(d.rates, onD) * Math.max(0, d.decoding) };
+  return { ttftMs: prefillDoneMs(d, onD) + stepMsOf(d), harmMs: ownPrefillMs(d.rates, onD) * Math.max(0, d.decoding) };
 }
 
 /**

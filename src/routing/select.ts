@@ -286,6 +286,7 @@ function withPrediction(c: ScoredCandidate, n: CandidateNode | undefined, f: Nod
     ...c,
     prefillMsPerToken: Math.round(rates.prefillMsPerToken * 1e4) / 1e4,
     decodeStepMs: round1(rates.decodeStepMs),
+    decodeMsPerSeq: Math.round(rates.decodeMsPerSeq * 100) / 100,
     transferMsPerGB: round1((rates.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
   };
   if (f) {

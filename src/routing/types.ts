@@ -185,9 +185,10 @@ export interface ScoredCandidate {
   effectiveLoad?: number;
   /** the prompt's tokens this node is predicted not to hold (its prefill work for this request) */
   uncachedTokens?: number;
-  /** predicted disaggregation: the node's learned rates (prefill ms a token at context 0, decode step, transfer ms a GB) */
+  /** predicted disaggregation: the node's learned rates (prefill ms a token at context 0, decode step of one sequence and ms a further sequence, transfer ms a GB) */
   prefillMsPerToken?: number;
   decodeStepMs?: number;
+  decodeMsPerSeq?: number;
   transferMsPerGB?: number;
   /** predicted TTFT (ms) of the best option through this node (P: with the best D; D: the best P, then this D) */
   predictedTtftMs?: number;

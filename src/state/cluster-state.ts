@@ -281,6 +281,7 @@ export class ClusterState extends DurableObject {
         transferTokens: t.transferTokens,
         prefillMs: t.prefillMs,
         ttftMs: observed?.ttftMs,
+        batch: this.#leases.loadOf(lease.decode)?.decode,
         streamEvents: observed?.streamEvents,
         streamSpanMs: observed?.streamSpanMs,
       },

@@ -89,6 +89,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
 const ratesStatus = (r: ReturnType<NodeRateTable["view"]>): NonNullable<NodeStatus["rates"]> => ({
   prefillTokensPerS: Math.round(1000 / r.prefillMsPerToken),
   decodeStepMs: Math.round(r.decodeStepMs * 10) / 10,
+  decodeMsPerSeq: Math.round(r.decodeMsPerSeq * 100) / 100,
   transferMsPerGB: Math.round((r.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
 });
 

@@ -156,8 +156,8 @@ export interface NodeStatus {
    * the node was taken to have lost its cache, and its learned characters per token
    */
   prefix: { predictedTokens: number; cachedTokens: number; cacheLost: number; charsPerToken: number };
-  /** learned rates (SPEC 9): prefill at context 0, decode step, KV transfer to it (absent in snapshots of older objects) */
-  rates?: { prefillTokensPerS: number; decodeStepMs: number; transferMsPerGB: number };
+  /** learned rates (SPEC 9): prefill at context 0, decode step of one sequence and ms each further one adds, KV transfer to it (absent in snapshots of older objects) */
+  rates?: { prefillTokensPerS: number; decodeStepMs: number; decodeMsPerSeq: number; transferMsPerGB: number };
 }
 
 export interface NodeSignalsStatus {

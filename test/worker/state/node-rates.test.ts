@@ -70,7 +70,21 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(local.view("d0", profile(), 20_000).prefillMsPerToken).toBeCloseTo(400 / 2000 / prefillContextFactor(1000), 2);
   });
 
-  it("rates stay positive and finite whatever the samples (property)", () => {
+  it("decode step against the batch: the line through streams at different batch sizes", () => {
+    const t = new NodeRateTable();
+    // 10 ms a step alone, 1 ms more for each further sequence
+    for (let i = 0; i < 60; i++) {
+      const batch = 1 + (i % 30);
+      t.learn(leg(0, 2000, { prefillMs: undefined, batch, streamEvents: 102, streamSpanMs: 100 * (10 + (batch - 1)) }), i * 200, profile);
+    }
+    const r = t.view("d0", profile(), 12_000);
+    expect(r.decodeStepMs).toBeCloseTo(10, 0);
+    expect(r.decodeMsPerSeq).toBeCloseTo(1, 1);
+    // a node never measured: the profile's step, flat
+    expect(t.view("d9", profile(), 0)).toMatchObject({ decodeStepMs: 30, decodeMsPerSeq: 0 });
+  });
+
+  it("rates stay positive (a sequence's step growth at least 0) and finite whatever the samples (property)", () => {
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
         const t = new NodeRateTable();
@@ -78,10 +92,10 @@ describe("learned rates: the prior first, then what the legs show", () => {
           t.learn(leg(ms, tokens, { cachedTokens: cached, aheadTokens: ahead, ttftMs: ms, streamEvents: tokens, streamSpanMs: ms }), i * 10, profile),
         );
         for (const node of ["p0", "d0"]) {
-          for (const v of Object.values(t.view(node, profile(), samples.length * 10))) {
-            expect(Number.isFinite(v)).toBe(true);
-            expect(v).toBeGreaterThan(0);
-          }
+          const { decodeMsPerSeq, ...rest } = t.view(node, profile(), samples.length * 10);
+          expect(decodeMsPerSeq).toBeGreaterThanOrEqual(0);
+          for (const v of [decodeMsPerSeq, ...Object.values(rest)]) expect(Number.isFinite(v)).toBe(true);
+          for (const v of Object.values(rest)) expect(v).toBeGreaterThan(0);
         }
       }),
     );
