@@ -1,6 +1,7 @@
 // The cluster document as the Durable Object receives it: the Worker's config layer builds the
 // view (config/runtime.ts), the object keeps it and routes with it. Defined here, below both, so
 // the object's modules and the config loader share one type without config importing state.
+import type { RateProfile } from "../routing/predict";
 import type { SelectionPolicy } from "../routing/types";
 import type { NodeReach } from "./schema";
 
@@ -55,6 +56,8 @@ export interface ClusterView {
   /** absent in a view saved before signals existed: the defaults apply */
   signals?: SignalSettings | undefined;
   admission?: AdmissionSettings | undefined;
+  /** SPEC 9 `profile`: the learned rates' prior for the pool (absent: the defaults) */
+  profile?: Partial<RateProfile> | undefined;
   nodes: Array<{
     id: string;
     url: string;
@@ -68,5 +71,7 @@ export interface ClusterView {
     apiKeySecret?: string | undefined;
     /** may prefill a request alone as a decode node (conditional disaggregation; SPEC 8) */
     localPrefill?: boolean | undefined;
+    /** this node's own prior rates, over the pool's */
+    profile?: Partial<RateProfile> | undefined;
   }>;
 }

@@ -93,6 +93,7 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
       health: config.health,
       signals: config.signals,
       admission: config.admission,
+      ...(config.profile ? { profile: config.profile } : {}),
       nodes: pool.nodes.map((n) => ({
         id: n.id,
         url: n.url,
@@ -104,6 +105,7 @@ export function clusterView(config: ClusterConfig, version: string, pool: NodePo
         reach: n.reach,
         apiKeySecret: n.apiKeySecret,
         localPrefill: localPrefillOf(n, config.protocol),
+        ...(n.profile ? { profile: n.profile } : {}),
       })),
     };
     byPool.set(pool.key, view);

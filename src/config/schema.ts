@@ -89,6 +89,14 @@ const bootstrapHost = v.pipe(
   }),
 );
 
+// SPEC 9 `profile`: the prior of each node's learned rates (src/state/node-rates.ts), per pool and
+// per node; a node's fields override the pool's, absent ones are the defaults shown in SPEC 9.
+const ProfileSchema = strictObject({
+  prefillTokensPerS: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(10_000_000))),
+  decodeStepMs: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(60_000))),
+  transferGBPerS: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(10_000))),
+});
+
 export const NodeSchema = strictObject({
   id: v.pipe(v.string(), regex(/^[A-Za-z0-9._-]{1,64}$/, "must match [A-Za-z0-9._-]{1,64}")),
   url: nodeUrl,
@@ -112,6 +120,8 @@ export const NodeSchema = strictObject({
   apiKeySecret: v.optional(nodeSecretName("the node's bearer token")),
   // the vLLM version the node runs; absent: 0.21 or newer (src/forward/handle-release.ts says what it decides)
   vllmVersion: v.optional(v.pipe(v.string(), regex(/^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$/, 'must be a vLLM version such as "0.20.2"'))),
+  // SPEC 9: this node's prior rates, over the document's `profile`
+  profile: v.optional(ProfileSchema),
 });
 
 const POLICIES = ["round_robin", "affinity", "cache_aware", "least_load"] as const;
@@ -126,7 +136,7 @@ const PolicySchema = strictObject({
   loadSlack: v.optional(int({ min: 0, max: 1000 }), 4),
   // SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
   // alone when the prompt's uncached tokens there are few (both thresholds) and D is not busy
-  disaggregation: v.optional(oneOf(["always", "conditional"]), "always"),
+  disaggregation: v.optional(oneOf(["always", "conditional", "predicted"]), "always"),
   localPrefillTokens: v.optional(int({ min: 0, max: 10_000_000 }), 2048),
   localPrefillRatio: v.optional(between(0, 1), 0.7),
   cacheAware: v.optional(
@@ -194,6 +204,7 @@ export const ClusterDocumentSchema = strictObject({
   reach: v.optional(ReachSchema),
   signals: v.optional(SignalsSchema, {}),
   admission: v.optional(AdmissionSchema, {}),
+  profile: v.optional(ProfileSchema),
   nodes: v.pipe(v.array(NodeSchema), minLength(1, "must list at least one node")),
 });
 

@@ -1,6 +1,6 @@
 import type { Decision, PdMode, PdReason, Role } from "../routing/types";
 import type { EngineUsage } from "../state/cache-feedback";
-import type { ClusterView, FinishReport, LegReport, RouteRequest, RouteResponse } from "../state/types";
+import type { ClusterView, FinishReport, LegReport, RequestObservation, RouteRequest, RouteResponse } from "../state/types";
 import { logRequest, type RequestLog } from "../observability/log";
 import type { TraceContext } from "../observability/trace";
 
@@ -94,6 +94,8 @@ export class RequestLife {
   readonly #onUnusedHandle: Array<() => Promise<unknown>> = [];
   /** whether P's answer carried prompt_tokens_details (observability/usage-details.ts) */
   #usageDetails: { node: string; reported: boolean } | null = null;
+  /** what was measured of the answer (TTFT, the stream's pace): the node rates learn from it */
+  #observed: RequestObservation | null = null;
 
   readonly #o: LifeOptions;
 
@@ -262,6 +264,11 @@ export class RequestLife {
     if (reported !== null) this.#usageDetails = { node, reported };
   }
 
+  /** Measurements of the answer, sent with the finish report (no state call of its own). */
+  observe(o: RequestObservation): void {
+    this.#observed = { ...this.#observed, ...o };
+  }
+
   /** A KV handle D has not (yet) been given: released if the request ends before it is. */
   holdHandle(release: () => Promise<unknown>): () => void {
     this.#onUnusedHandle.push(release);
@@ -316,6 +323,7 @@ export class RequestLife {
       ...(remember && e.outcome === "ok" ? { remember: { key: remember, prefill: this.chosen.prefill, decode: this.chosen.decode } } : {}),
       ...(this.#o.keyLabel ? { keyLabel: this.#o.keyLabel } : {}),
       ...(this.#usageDetails ? { usageDetails: this.#usageDetails } : {}),
+      ...(this.#observed ? { observed: this.#observed } : {}),
       ...engineUsagePart(),
       ...(legs.decode ? { decode: legs.decode } : {}),
       ...prefillPart(prefill),
@@ -348,6 +356,8 @@ export class RequestLife {
       queueMs: this.timings.queueMs,
       prefillMs: this.timings.prefillMs,
       decodeTtfbMs: this.timings.decodeMs,
+      predictedTtftMs: this.decision?.predictedTtftMs,
+      ttftMs: this.#observed?.ttftMs,
       totalMs: Date.now() - this.#started,
       stateCalls: this.#stateCalls,
       stateCallsBeforeResponse: this.#stateCallsBeforeResponse ?? this.#awaitedCalls,

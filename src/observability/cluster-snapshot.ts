@@ -33,6 +33,8 @@ export interface NodeStatus {
   signals: NodeSignalsStatus | null;
   /** answers its probes but its /metrics never gave a reading (state/silent-nodes.ts) */
   noSignals?: boolean;
+  /** learned rates (SPEC 9): prefill at context 0, decode step of one sequence and ms each further one adds, KV transfer to it (absent in snapshots of older objects) */
+  rates?: { prefillTokensPerS: number; decodeStepMs: number; decodeMsPerSeq: number; transferMsPerGB: number };
   /**
    * cache-hit feedback: cached tokens the router predicted and the engine reported (summed), times
    * the node was taken to have lost its cache, and its learned characters per token
@@ -76,6 +78,10 @@ export interface ClusterSnapshot {
   };
   /** the last minutes of per-node figures (status page charts) */
   history: HistoryPoint[];
+  /** actual / predicted TTFT under predicted disaggregation (buckets in the ratio's own unit) */
+  prediction?: Histogram;
+  /** routing precision per pool, last 15 minutes: follow-up turns judged and those that landed on their prefix */
+  precision?: Array<{ pool: string; followUps: number; precise: number }>;
   now: number;
 }
 
@@ -101,12 +107,22 @@ export interface NodeSample {
   /** the engine's reported KV use 0..1, null without a fresh poll */
   kvUsage: number | null;
   queue: number | null;
+  /** requests routed to the node so far, both roles (rates come from the difference of two points) */
+  requests?: number;
 }
 
 export interface HistoryPoint {
   t: number;
   nodes: NodeSample[];
+  /** requests routed so far by this object */
+  routed?: number;
 }
 
 /** Every reason a request is refused at the edge (the metric's `reason` label; state/edge-admission.ts refuses them). */
 export const ADMISSION_REFUSALS = ["queue_full", "timeout", "shed", "fair_share_exceeded", "slo_unmeetable"] as const;
+
+/** Buckets of actual / predicted TTFT (the ratio's own unit; state/router-stats.ts counts them). */
+export const PREDICTION_RATIO_BOUNDS = [0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4];
+
+/** A histogram with nothing counted yet. */
+export const emptyHistogram = (bounds: number[]): Histogram => ({ bounds, counts: bounds.map(() => 0), sum: 0, count: 0 });

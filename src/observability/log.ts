@@ -25,6 +25,9 @@ export interface RequestLog {
   queueMs?: number | undefined;
   prefillMs?: number | undefined;
   decodeTtfbMs?: number | undefined;
+  /** predicted disaggregation's TTFT for the option taken, and the TTFT measured (ms from the first leg sent to D's first byte) */
+  predictedTtftMs?: number | undefined;
+  ttftMs?: number | undefined;
   totalMs: number;
   /** Durable Object calls of the request, and how many the response waited for */
   stateCalls?: number | undefined;

@@ -6,7 +6,7 @@ import type { Env } from "../env";
 import { DISAGG_DECISIONS } from "../routing/local-prefill";
 import type { RouterError } from "../errors";
 import { TIERS } from "../config/cluster-view";
-import { ADMISSION_REFUSALS } from "./cluster-snapshot";
+import { ADMISSION_REFUSALS, emptyHistogram, PREDICTION_RATIO_BOUNDS } from "./cluster-snapshot";
 import type { Role } from "../routing/types";
 import type { ClusterSnapshot, Histogram, HistoryPoint, KeyCount } from "./cluster-snapshot";
 import { background, logRequest } from "./log";
@@ -151,6 +151,31 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       { labels: { role: "prefill" }, value: prefix.prefillEntries },
       { labels: { role: "decode" }, value: prefix.decodeEntries },
     ]),
+    family(
+      "node_prefill_tokens_per_second",
+      "gauge",
+      "Learned prefill rate at context 0.",
+      perNode((n) => n.rates?.prefillTokensPerS ?? 0),
+    ),
+    family(
+      "node_decode_step_seconds",
+      "gauge",
+      "Learned decode step time.",
+      perNode((n) => (n.rates?.decodeStepMs ?? 0) / 1000),
+    ),
+    family(
+      "node_transfer_seconds_per_gb",
+      "gauge",
+      "Learned KV transfer time to the node.",
+      perNode((n) => (n.rates?.transferMsPerGB ?? 0) / 1000),
+    ),
+    histogram("ttft_prediction_ratio", "Actual / predicted TTFT.", snapshot.prediction ?? emptyHistogram(PREDICTION_RATIO_BOUNDS)),
+    family(
+      "routing_precision",
+      "gauge",
+      "Follow-ups that found their prefix, 15 min.",
+      (snapshot.precision ?? []).map((p) => ({ labels: { pool: p.pool }, value: p.followUps > 0 ? p.precise / p.followUps : 0 })),
+    ),
     histogram("decode_ttfb_seconds", "Decode leg to its first byte.", snapshot.latency.ttfb),
     histogram("prefill_seconds", "Prefill leg until P answered.", snapshot.latency.prefill),
     family(
@@ -316,6 +341,8 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
       rejected: sum((s) => s.admission.rejected),
     },
     history: mergeHistory(pools.map((p) => p.history)),
+    prediction: histogram((s) => s.prediction ?? emptyHistogram(PREDICTION_RATIO_BOUNDS)),
+    precision: pools.flatMap((p) => p.precision ?? []),
     now: Math.max(...all.map((s) => s.now)),
   };
 }
@@ -324,12 +351,12 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
 export function mergeHistory(histories: HistoryPoint[][]): HistoryPoint[] {
   if (histories.length <= 1) return histories[0] ?? [];
   const times = [...new Set(histories.flatMap((h) => h.map((p) => p.t)))].sort((a, b) => a - b);
-  return times.map((t) => ({
-    t,
-    nodes: histories.flatMap((h) => {
+  return times.map((t) => {
+    const lasts = histories.map((h) => {
       let last: HistoryPoint | undefined;
       for (const p of h) if (p.t <= t) last = p;
-      return last?.nodes ?? [];
-    }),
-  }));
+      return last;
+    });
+    return { t, nodes: lasts.flatMap((p) => p?.nodes ?? []), routed: lasts.reduce((n, p) => n + (p?.routed ?? 0), 0) };
+  });
 }

@@ -16,14 +16,16 @@ import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
 import { decodeSource, type DecodeSource, type StreamEnd } from "../forward/decode-source";
 import { clientStream, singleFeed } from "../forward/client-stream";
 import type { Completeness } from "../forward/sse-reader";
-import { chargeRateLimit, type ClientKey } from "../auth/client-access";
+import { apiKeys, chargeRateLimit, type ClientKey } from "../auth/client-access";
+import { bearerToken } from "../auth/bearer";
+import { keyLabel } from "../auth/digest";
 import { requestTier, tierOf } from "../auth/service-tier";
 import { vllmPriorityOf } from "../forward/priority";
 import { nodeAccess } from "../config/node-access";
 import { UpstreamFailure, type UpstreamNode } from "../forward/upstream";
 import { forwardVllm } from "../forward/vllm";
 import { forwardVllmMooncake } from "../forward/vllm-mooncake";
-import { affinityKey, conversationKey } from "../routing/affinity-key";
+import { affinityKey, agentSessionOf, conversationKey } from "../routing/affinity-key";
 import { canonicalPromptText, prefixBlockHashes, promptCharCount } from "../routing/prefix-blocks";
 import type { Decision, Role, SelectionError } from "../routing/types";
 import { DEFAULT_LEASE_TTL_MS } from "../state/cluster-state";
@@ -84,10 +86,12 @@ export async function buildRouteRequest(
   // A turn that continues a stored response needs the nodes that stored it, whatever the policy.
   const pinned = kind === "responses" && typeof body.previous_response_id === "string" && body.previous_response_id !== "";
   const keyed = pinned || (!oneHop && (KEYED_POLICIES.has(policy.prefill) || KEYED_POLICIES.has(policy.decode)));
-  const affinity = keyed ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, body, kind }) : null;
+  const affinity = keyed
+    ? await affinityKey({ sessionId: c.req.header("x-session-id") ?? null, agentSessionId: agentSessionOf((name) => c.req.header(name)), tenant: await tenantOf(c), body, kind })
+    : null;
   const cacheAware = !oneHop && (policy.prefill === "cache_aware" || policy.decode === "cache_aware");
-  // conditional disaggregation asks how much of the prompt D holds: the prefix blocks, whatever the policy
-  const conditional = !colocated && policy.disaggregation === "conditional";
+  // conditional and predicted disaggregation ask how much of the prompt D (and P) hold: the prefix blocks, whatever the policy
+  const conditional = !colocated && (policy.disaggregation === "conditional" || policy.disaggregation === "predicted");
   // Only cache_aware and conditional need the prompt rendered as one string and hashed; the rest
   // of the policies pay for its length alone (requests are weighed by their tokens).
   const text = cacheAware || conditional ? canonicalPromptText(body, kind) : null;
@@ -122,6 +126,19 @@ export async function buildRouteRequest(
       ...(clientKey ? { flow: clientKey.label } : {}),
     },
   };
+}
+
+/**
+ * The API key label a client-chosen affinity key is hashed with (SPEC 9). The auth middleware sets
+ * it only on the routes that count keys in their finish report; /v1/responses and /v1/route derive
+ * it here from the key it already checked, so a dry run names the key a real request gets.
+ */
+async function tenantOf(c: Ctx): Promise<string | null> {
+  const label = c.get("keyLabel");
+  if (label) return label;
+  if (apiKeys(c.env).length === 0) return null;
+  const token = bearerToken(c.req.header("authorization"));
+  return token === null ? null : keyLabel(token);
 }
 
 /** Per document: node ids by origin, so the loop check costs one lookup a request. */
@@ -333,6 +350,8 @@ async function route(
     const forward = oneHop ? forwardColocated : life.isLocalPrefill ? (x: ForwardContext) => forwardLocalPrefill(x, disaggregated) : disaggregated;
     const answer = await forward(ctx);
     if (!oneHop) reportPrefillUsage(life, answer);
+    // P's answer when it ran first, then D's first byte: what the predicted TTFT is held against
+    life.observe({ ttftMs: answer.prefillMs + answer.decodeMs });
     life.timings.decodeMs = answer.decodeMs;
     if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
     return { life, config, answer };
@@ -393,6 +412,50 @@ function responseIdWatcher(life: RequestLife): (bytes: Uint8Array) => void {
   };
 }
 
+/**
+ * Counts a stream's SSE data events as they pass and when the first and last came: a token is an
+ * event (vLLM and SGLang send one a token, or a few at a time under load, which this counts as one
+ * step). One look at each byte, no decoding.
+ */
+function streamPace(): { events: number; first: number; last: number; watch(bytes: Uint8Array): void } {
+  // "data:" at the start of a line; `atLineStart` carries across chunks
+  const DATA = [0x64, 0x61, 0x74, 0x61, 0x3a];
+  let atLineStart = true;
+  let matched = -1;
+  const pace = {
+    events: 0,
+    first: 0,
+    last: 0,
+    watch(bytes: Uint8Array) {
+      let found = false;
+      for (const b of bytes) {
+        if (b === 0x0a) {
+          atLineStart = true;
+          matched = -1;
+          continue;
+        }
+        if (atLineStart) {
+          matched = 0;
+          atLineStart = false;
+        }
+        if (matched >= 0 && b === DATA[matched]) {
+          matched++;
+          if (matched === DATA.length) {
+            pace.events++;
+            found = true;
+            matched = -1;
+          }
+        } else matched = -1;
+      }
+      if (!found) return;
+      const now = Date.now();
+      if (pace.first === 0) pace.first = now;
+      pace.last = now;
+    },
+  };
+  return pace;
+}
+
 /** D's answer as the client's body: a whole JSON text, or D's stream as a source to relay. Ends the life when the body ends. */
 function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const decodeLeg = (outcome: LegReport["outcome"]): LegReport => ({ node: answer.decodeNode, outcome, ms: answer.decodeMs });
@@ -413,6 +476,7 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
   const onEnd = (end: StreamEnd) => {
     switch (end.outcome) {
       case "ok":
+        if (pace.events > 0) life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first });
         return life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg("ok") } });
       case "failure":
         // D's failure counts against D; P's (after D's first byte) against P; a request D found
@@ -437,12 +501,18 @@ function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, a
   };
   // its stream's usage frame, when the client asked for one, is watched (never changed)
   const watch = alone && streamHasUsage(kind, body) ? usageObserver((u) => (seen = u)) : null;
+  // the stream's pace (node-rates.ts learns D's decode step from it)
+  const pace = streamPace();
+  const responseId = kind === "responses" ? responseIdWatcher(life) : null;
   const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
     rewrite: fix && (kind === "responses" || streamHasUsage(kind, body)) ? usageRewrite(fix) : watch,
-    ...(kind === "responses" ? { watch: responseIdWatcher(life) } : {}),
+    watch: (bytes) => {
+      pace.watch(bytes);
+      responseId?.(bytes);
+    },
     idleMs: config.timeouts.decodeIdleMs,
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),
@@ -645,6 +715,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     reason: d.reason,
     promptTokens: d.tokens.prompt,
     uncachedTokens: d.tokens.uncachedOnDecode,
+    // SPEC 9: predicted disaggregation's TTFT for the option taken (each candidate shows its own)
+    ...(d.predictedTtftMs !== undefined ? { predictedTtftMs: d.predictedTtftMs } : {}),
     prefill: summary("prefill"),
     decode: summary("decode"),
     key: { source: keySource, hash: request.key, prefixBlocks },
@@ -653,7 +725,7 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     // every decode node that could serve it is busy: the request would wait at the edge (SPEC 8)
     admission: routed.wouldWait ? { wait: true, queued: routed.wouldWait.queued } : { wait: false },
     // health, breaker, failures, in-flight load and engine signals of every node, as the Durable Object sees them
-    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, busyUntil, failureStreak, failuresTotal, inflight, drain, signals }) => ({
+    nodes: snapshot.nodes.map(({ id, healthy, probeUp, breaker, ejectedUntil, busyUntil, failureStreak, failuresTotal, inflight, drain, signals, rates }) => ({
       id,
       healthy,
       probeUp,
@@ -665,6 +737,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       inflight,
       drain,
       signals,
+      // learned rates (SPEC 9), whatever the disaggregation
+      rates,
     })),
   });
 }

@@ -61,6 +61,8 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         usageDetails: n.usageDetails,
         // answers its probes but its /metrics gives no reading (SGLang without --enable-metrics)
         noSignals: n.noSignals ?? false,
+        // learned rates (SPEC 9): prefill tokens/s at context 0, decode step ms, KV transfer ms a GB
+        rates: n.rates ?? null,
       })),
       warnings: nodeWarnings(snapshot.nodes),
       // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
@@ -71,6 +73,8 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
       disagg: snapshot.disagg,
       requests: snapshot.requests,
       prefix: snapshot.prefix,
+      // SPEC 9: follow-up turns that landed on a node holding their prefix, per pool, last 15 minutes
+      precision: snapshot.precision ?? [],
       // cumulative histograms (seconds): the page derives p50/p99 over its own recent window
       latency: snapshot.latency,
       leases: snapshot.leases,

@@ -1,12 +1,19 @@
 import { sha256Hex } from "./hash";
 import { chatMessages, completionPrompt, isRecord } from "./message-text";
 
-export type AffinityKeySource = "previous_response" | "session" | "user" | "chat_prefix" | "prompt_prefix" | "prompt_blocks";
+export type AffinityKeySource = "previous_response" | "prompt_cache_key" | "session" | "agent_session" | "user" | "chat_prefix" | "prompt_prefix" | "prompt_blocks";
 export type RequestKind = "chat" | "completion" | "responses";
 
 export interface AffinityKeyInput {
   /** the `x-session-id` header, if any */
   sessionId?: string | null;
+  /** the first documented agent session header present (AGENT_SESSION_HEADERS), if any */
+  agentSessionId?: string | null;
+  /**
+   * the client's API key label (a short hash of its key; null without API_KEYS): a key the client
+   * chose is hashed with it, so two tenants choosing the same key never share its node
+   */
+  tenant?: string | null;
   /** the parsed JSON body */
   body: unknown;
   kind: RequestKind;
@@ -24,6 +31,25 @@ export interface AffinityKey {
   hash: string;
 }
 
+/**
+ * Session headers agent clients send on every request of one session, most specific first (SPEC 9:
+ * after `prompt_cache_key` and `x-session-id`). Claude Code sends `x-claude-code-session-id` (a
+ * UUID per session, since v2.1.86: ranxianglei/billion-context#92, griffinmartin/opencode-claude-auth#109);
+ * the Codex CLI `session_id` (`session-id` / `thread-id` in later versions: KarpelesLab/teamclaude#352,
+ * weave-os/router#1046, pleaseai/shunt#30); opencode `x-opencode-session`, or `x-session-affinity`
+ * for custom providers (shunkakinoki/dotfiles#2824).
+ */
+export const AGENT_SESSION_HEADERS = ["x-claude-code-session-id", "session_id", "session-id", "x-opencode-session", "x-session-affinity"] as const;
+
+/** The first agent session header present, trimmed (header names are case-insensitive: `get` reads them so). */
+export function agentSessionOf(get: (name: string) => string | undefined | null): string | null {
+  for (const name of AGENT_SESSION_HEADERS) {
+    const value = get(name)?.trim();
+    if (value) return value;
+  }
+  return null;
+}
+
 /** Characters of a string prompt and token ids of a token prompt that make a completions key. */
 export const PROMPT_PREFIX_CHARS = 512;
 export const PROMPT_PREFIX_TOKENS = 64;
@@ -31,8 +57,10 @@ export const PROMPT_PREFIX_TOKENS = 64;
 const CHAT_SYSTEM_ROLES = new Set(["system", "developer"]);
 
 /**
- * What a request's affinity key is made of, first that applies (SPEC 5): the session header; the
- * body's `user`; for chat, the system/developer messages before the first user message plus that
+ * What a request's affinity key is made of, first that applies (SPEC 5, 9): the body's
+ * `prompt_cache_key` (OpenAI's own key for routing to a cache, Chat Completions and Responses), the
+ * `x-session-id` header, an agent session header — each of those three chosen by the client, so
+ * hashed with its API key's label — then the body's `user`; for chat, the system/developer messages before the first user message plus that
  * user message (so a shared system prompt alone does not decide, and appended turns keep the key);
  * for completions, the first 512 characters of the prompt or its first 64 token ids.
  * null when none applies (the caller falls back to round robin).
@@ -42,9 +70,13 @@ export function affinityKeyMaterial(input: AffinityKeyInput): AffinityKeyMateria
   // (the response store is the engine's); the router remembers them under this key.
   const previous = isRecord(input.body) ? input.body.previous_response_id : undefined;
   if (input.kind === "responses" && typeof previous === "string" && previous) return responseKeyMaterial(previous);
-  const session = input.sessionId?.trim();
-  if (session) return keyed("session", session);
   const body = input.body;
+  const cacheKey = isRecord(body) && input.kind !== "completion" ? body.prompt_cache_key : undefined;
+  if (typeof cacheKey === "string" && cacheKey.length > 0) return tenantKeyed("prompt_cache_key", cacheKey, input.tenant);
+  const session = input.sessionId?.trim();
+  if (session) return tenantKeyed("session", session, input.tenant);
+  const agent = input.agentSessionId?.trim();
+  if (agent) return tenantKeyed("agent_session", agent, input.tenant);
   if (isRecord(body) && typeof body.user === "string" && body.user.length > 0) {
     return keyed("user", body.user);
   }
@@ -65,6 +97,11 @@ export async function affinityKey(input: AffinityKeyInput): Promise<AffinityKey 
 
 function keyed(source: AffinityKeySource, value: string): AffinityKeyMaterial {
   return { source, material: `${source}\u0000${value}` };
+}
+
+/** A client-chosen key under its tenant: the same value from two API keys is two keys (no tenant: the value alone). */
+function tenantKeyed(source: AffinityKeySource, value: string, tenant: string | null | undefined): AffinityKeyMaterial {
+  return tenant ? { source, material: `${source}\u0000${tenant}\u0000${value}` } : keyed(source, value);
 }
 
 function chatPrefix(body: unknown): AffinityKeyMaterial | null {

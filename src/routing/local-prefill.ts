@@ -61,5 +61,7 @@ export const DISAGG_DECISIONS: ReadonlyArray<{ mode: "disaggregated" | "local" |
   { mode: "local", reason: "cached" },
   { mode: "local", reason: "prefill_busy" },
   { mode: "local", reason: "pinned" },
+  { mode: "disaggregated", reason: "predicted" },
+  { mode: "local", reason: "predicted" },
   { mode: "colocated", reason: "always" },
 ];

@@ -1,5 +1,6 @@
 // Plain data shared by the pure selection core, the Durable Object and the routes.
 // Nothing here touches env, fetch or the clock (STYLE.md: pure core, thin shell).
+import type { NodeRates } from "./predict";
 
 export type Role = "prefill" | "decode";
 export type PolicyName = "round_robin" | "affinity" | "cache_aware" | "least_load";
@@ -32,7 +33,7 @@ export interface SelectionPolicy {
    * SPEC 8: `always` disaggregates every request; `conditional` picks D first and prefills on D
    * alone when the prompt's uncached tokens there are few (absent in views saved before it: always)
    */
-  disaggregation?: "always" | "conditional" | undefined;
+  disaggregation?: "always" | "conditional" | "predicted" | undefined;
   /**
    * conditional: prefill on D alone only below this many uncached tokens ... (a view saved before
    * these fields has no `disaggregation` either, so it never reads them)
@@ -82,6 +83,13 @@ export interface CandidateNode {
   charsPerToken?: number;
   /** may prefill a request alone as a decode node (conditional disaggregation); absent: false */
   localPrefill?: boolean;
+  /** learned rates (predicted disaggregation; absent: not predicted) */
+  rates?: NodeRates;
+  /** prefill tokens running on the node and their requests, whatever role ran them (a local prefill's D too) */
+  prefillTokens?: number;
+  prefillRequests?: number;
+  /** sequences decoding on the node (its decode leases) */
+  decoding?: number;
 }
 
 /** What the engine reported (KV use and queue), projected by what was sent since; ageMs: how old the poll is. */
@@ -143,6 +151,8 @@ export type DecisionRule =
   | "colocated"
   /** conditional disaggregation: no P leg, D prefills the request itself */
   | "local_prefill"
+  /** predicted disaggregation took another node than the policy's pick: predicted faster by the margin */
+  | "predicted"
   | "fail_open";
 
 export interface ScoredCandidate {
@@ -175,6 +185,16 @@ export interface ScoredCandidate {
   effectiveLoad?: number;
   /** the prompt's tokens this node is predicted not to hold (its prefill work for this request) */
   uncachedTokens?: number;
+  /** predicted disaggregation: the node's learned rates (prefill ms a token at context 0, decode step of one sequence and ms a further sequence, transfer ms a GB) */
+  prefillMsPerToken?: number;
+  decodeStepMs?: number;
+  decodeMsPerSeq?: number;
+  transferMsPerGB?: number;
+  /** predicted TTFT (ms) of the best option through this node (P: with the best D; D: the best P, then this D) */
+  predictedTtftMs?: number;
+  /** D: predicted TTFT of prefilling alone, and the decode harm that adds (null: not an option here) */
+  localTtftMs?: number | null;
+  decodeHarmMs?: number;
   /** the node was passed over, and why */
   skipped?: "unhealthy" | "draining" | "busy" | "over_bound" | "over_share" | "group";
 }
@@ -193,7 +213,7 @@ export interface RoleDecision {
 /** How the request is served: P then D, D alone, or one hop (SPEC 8 `x-pd-mode`). */
 export type PdMode = "disaggregated" | "local" | "colocated";
 /** Why (SPEC 8 reasons). */
-export type PdReason = "always" | "cached" | "cold" | "prefill_busy" | "decode_busy" | "no_local_prefill" | "pinned";
+export type PdReason = "always" | "cached" | "cold" | "prefill_busy" | "decode_busy" | "no_local_prefill" | "pinned" | "predicted";
 
 /** The request's size for the nodes picked, in tokens (each node's own characters per token). */
 export interface DecisionTokens {
@@ -214,6 +234,8 @@ export interface Decision {
   mode: PdMode;
   reason: PdReason;
   tokens: DecisionTokens;
+  /** predicted disaggregation: the chosen option's predicted TTFT (ms) */
+  predictedTtftMs?: number;
 }
 
 export type SelectionError =

@@ -115,6 +115,17 @@ export class CacheFeedback {
     return { predictedTokens, verdict, cacheLost };
   }
 
+  /**
+   * An engine answered for a request the router predicted nothing for (no prefix index under its
+   * policy): its cached tokens still count (SPEC 8: `pd_router_prefix_cached_tokens_total` counts
+   * what engines report under every policy).
+   */
+  count(usage: EngineUsage): void {
+    const f = this.#byNode.get(usage.node) ?? fresh();
+    this.#byNode.set(usage.node, f);
+    f.cachedTokens += Math.max(0, usage.cachedTokens);
+  }
+
   /** Predicted and reported cached tokens summed, and cache losses, for /metrics. */
   totals(node: string): { predictedTokens: number; cachedTokens: number; cacheLost: number } {
     const f = this.#byNode.get(node);

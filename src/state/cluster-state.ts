@@ -11,7 +11,9 @@ import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
 import { NodeHealthTable } from "./health-table";
-import { expiredLeaseLog, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
+import { expiredLeaseLog, LeaseTable, leaseTimings, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
+import { NodeRateTable, profileOf } from "./node-rates";
+import { RoutingPrecision } from "./routing-precision";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
 import { NodeSlices } from "./node-slices";
@@ -48,6 +50,8 @@ export class ClusterState extends DurableObject {
   private readonly cursors = new RoundRobinCursors();
   private readonly signals = new EngineSignals();
   private readonly silent = new SilentNodes();
+  private readonly rates = new NodeRateTable();
+  private readonly precision = new RoutingPrecision();
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -69,6 +73,8 @@ export class ClusterState extends DurableObject {
     history: this.#history,
     usageDetails: this.#usageDetails,
     silent: this.silent,
+    rates: this.rates,
+    precision: this.precision,
   };
   readonly #sql = this.ctx.storage.sql;
   readonly #documentEditor = new DocumentEditor(() => (this.env as { NODES: KVNamespace }).NODES);
@@ -131,6 +137,7 @@ export class ClusterState extends DurableObject {
 
   /** P answered (or gave up): its part of the lease ends now, while D's goes on. */
   prefillDone(leaseId: string, report: LegReport): void {
+    this.#notePrefillMs(this.#leases.get(leaseId), report);
     this.#leases.endPrefill(leaseId, report.node);
     this.#legEnded("prefill", report, Date.now());
   }
@@ -143,6 +150,9 @@ export class ClusterState extends DurableObject {
     if (!moved) return { next: null };
     // the failed D never held the request's KV; the next one will
     if (role === "decode") this.signals.moved(moved.from, moved.next, moved.lease.tokens);
+    // the node that prefills moved: its rate and the engine's answer are the next one's
+    const timing = moved.lease.timing;
+    if (timing && (role === "prefill" || moved.lease.mode !== "disaggregated")) timing.prefiller = moved.next;
     this.health.picked(moved.next, now);
     if (moved.prefill) this.health.picked(moved.prefill, now);
     return moved.prefill ? { next: moved.next, prefill: moved.prefill } : { next: moved.next };
@@ -158,6 +168,7 @@ export class ClusterState extends DurableObject {
       const h = this.health.get(report.engineUsage.node);
       if (h) h.usageAnomalies += 1;
     } else if (report.engineUsage && leaseId) this.prefixes.learn(this.#leases.get(leaseId), report.engineUsage, this.cluster);
+    if (leaseId) this.#learnFrom(this.#leases.get(leaseId), report, now);
     if (report.prefill) this.#legEnded("prefill", report.prefill, now);
     if (report.decode) this.#legEnded("decode", report.decode, now);
     if (!leaseId) return;
@@ -264,6 +275,7 @@ export class ClusterState extends DurableObject {
     if (prediction && usesCacheAware(cluster.policy)) this.#stats.countPrefix(req.prefixHashes.length, prediction.matched);
     const leaseId = req.leaseId ?? this.#leases.newId(now);
     const lease = routedLease(req, decision, input.colocated, now + this.#leases.ttlMs, prediction);
+    lease.timing = leaseTimings(req, decision, this.#leases.loadOf(decision.mode === "disaggregated" ? decision.prefill.id : d)?.prefillTokens ?? 0);
     this.#leases.take(leaseId, lease);
     this.signals.dispatched(d, lease.tokens);
     // in half-open, this request is the node's one trial (a local prefill's P is D itself)
@@ -271,6 +283,47 @@ export class ClusterState extends DurableObject {
     this.health.picked(d, now);
     this.recent.count(lease.prefill, d, cluster.policy.cacheAware.shareHalfLife, decision.tokens.prefillWork, decision.tokens.decodeWork);
     return leaseId;
+  }
+
+  /** P answered: its time, kept with the lease until the request ends (node-rates.ts learns then). */
+  #notePrefillMs(lease: NodeLease | undefined, report: LegReport): void {
+    if (lease?.timing && report.outcome === "ok" && report.ms !== undefined && lease.timing.prefillMs === undefined) lease.timing.prefillMs = report.ms;
+  }
+
+  /**
+   * An answered request teaches its nodes' rates (node-rates.ts) from its legs' times and the
+   * engine's token counts, adds its actual / predicted TTFT, and, as a conversation's follow-up,
+   * counts for routing precision.
+   */
+  #learnFrom(lease: NodeLease | undefined, report: FinishReport, now: number): void {
+    const t = lease?.timing;
+    if (!lease || !t) return;
+    if (report.prefill) this.#notePrefillMs(lease, report.prefill);
+    const usage = report.engineUsage?.node === t.prefiller ? report.engineUsage : undefined;
+    if (usage && t.key) this.precision.observe(t.key, usage.promptTokens, usage.cachedTokens, now);
+    if (report.status !== 200 || report.decode?.outcome !== "ok") return;
+    const observed = report.observed;
+    const cluster = this.cluster;
+    const profiles = (node: string) => profileOf(cluster?.profile, cluster?.nodes.find((n) => n.id === node)?.profile);
+    this.rates.learn(
+      {
+        prefiller: t.prefiller,
+        decode: lease.decode,
+        disaggregated: lease.mode === "disaggregated",
+        aheadTokens: t.aheadTokens,
+        promptTokens: usage?.promptTokens ?? t.promptTokens,
+        cachedTokens: usage ? usage.cachedTokens : t.predictedCached,
+        transferTokens: t.transferTokens,
+        prefillMs: t.prefillMs,
+        ttftMs: observed?.ttftMs,
+        batch: this.#leases.loadOf(lease.decode)?.decode,
+        streamEvents: observed?.streamEvents,
+        streamSpanMs: observed?.streamSpanMs,
+      },
+      now,
+      profiles,
+    );
+    if (t.predictedTtftMs !== undefined && observed?.ttftMs !== undefined) this.#stats.observePrediction(observed.ttftMs, t.predictedTtftMs);
   }
 
   /** A leg's outcome for the node's health, and its latency when it answered. */
@@ -344,6 +397,7 @@ export class ClusterState extends DurableObject {
       this.#leases.forget(id);
       this.signals.forget(id);
       this.silent.forget(id);
+      this.rates.forget(id);
     }
     this.#schedule.configure(periodsOf(view), Date.now());
     // new nodes or thresholds may admit requests that wait

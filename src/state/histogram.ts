@@ -13,3 +13,8 @@ export function observe(h: Histogram, ms: number): void {
   h.sum += s;
   h.count += 1;
 }
+
+/** Counts one observation of a plain value (a ratio): the bounds are in its own unit. */
+export function observeValue(h: Histogram, value: number): void {
+  observe(h, value * 1000);
+}

@@ -28,6 +28,42 @@ export interface NodeLease {
   requestId?: string | undefined;
   fallbacks: { prefill: string[]; decode: string[] };
   model: string;
+  /** what the learned rates and routing precision need when the request ends (node-rates.ts) */
+  timing?: LeaseTiming;
+}
+
+/** A routed request's figures for learning each node's rates from its legs (node-rates.ts). */
+export interface LeaseTiming {
+  /** the node that prefills: P when disaggregated, else D */
+  prefiller: string;
+  /** prefill tokens already running on it when the request was routed */
+  aheadTokens: number;
+  /** the prompt's tokens and those the prefilling node was predicted to hold (the engine's answer replaces them) */
+  promptTokens: number;
+  predictedCached: number;
+  /** tokens D was predicted to lack: the KV it pulls */
+  transferTokens: number;
+  /** predicted disaggregation's TTFT (ms), for actual / predicted */
+  predictedTtftMs?: number;
+  /** P's answer (ms), once it came */
+  prefillMs?: number;
+  /** the conversation's affinity key (routing precision) */
+  key: string | null;
+}
+
+/** The timing of a request routed as `decision`, with `aheadTokens` running on its prefilling node. */
+export function leaseTimings(req: RouteRequest, decision: Decision, aheadTokens: number): LeaseTiming {
+  const t = decision.tokens;
+  const disaggregated = decision.mode === "disaggregated";
+  return {
+    prefiller: disaggregated ? decision.prefill.id : decision.decode.id,
+    aheadTokens,
+    promptTokens: t.prompt,
+    predictedCached: Math.max(0, t.prompt - t.prefillWork),
+    transferTokens: disaggregated ? (t.uncachedOnDecode ?? t.prompt) : 0,
+    ...(decision.predictedTtftMs !== undefined ? { predictedTtftMs: decision.predictedTtftMs } : {}),
+    key: req.key,
+  };
 }
 
 /** In-flight load of one node, and how many requests it was ever given per role. */

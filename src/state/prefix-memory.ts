@@ -71,7 +71,10 @@ export class PrefixMemory {
     const rate = this.rates.of(usage.node);
     if (lease.promptChars) this.rates.observe(usage.node, lease.promptChars, usage.promptTokens);
     const prediction = lease.prediction;
-    if (!prediction || prediction.node !== usage.node) return;
+    if (!prediction || prediction.node !== usage.node) {
+      this.feedback.count(usage);
+      return;
+    }
     if (!this.feedback.report(prediction, usage, rate).cacheLost || !cluster) return;
     this.forget(usage.node, "cache_lost");
     for (const role of ROLES) {

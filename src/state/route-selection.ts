@@ -6,6 +6,7 @@ import type { EngineSignals } from "./engine-signals";
 import { isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
 import type { LeaseTable } from "./leases";
+import { type NodeRateTable, profileOf, type RateProfile } from "./node-rates";
 import type { PrefixMemory } from "./prefix-memory";
 import type { RecentShare } from "./recent-share";
 import type { ClusterView, RouteRequest } from "./types";
@@ -28,6 +29,7 @@ export interface RouteSources {
   prefixes: PrefixMemory;
   sticky: BoundedMap<StickyPair>;
   cursors: RoundRobinCursors;
+  rates: NodeRateTable;
 }
 
 type ViewNode = ClusterView["nodes"][number];
@@ -37,12 +39,15 @@ export const isColocated = (cluster: ClusterView, req: RouteRequest): boolean =>
 
 export const usesCacheAware = (policy: SelectionPolicy): boolean => policy.prefill === "cache_aware" || policy.decode === "cache_aware";
 
+/** Conditional or predicted disaggregation: they ask what each node holds, whatever the policy. */
+export const decidesPerRequest = (policy: SelectionPolicy): boolean => policy.disaggregation === "conditional" || policy.disaggregation === "predicted";
+
 /**
  * The request's prefix blocks are looked up in the index and recorded after: cache_aware, or
- * conditional disaggregation, which asks what D holds whatever the policy.
+ * conditional or predicted disaggregation, which ask what D (and P) hold whatever the policy.
  */
 export const usesPrefixIndex = (cluster: ClusterView, req: RouteRequest, colocated: boolean): boolean =>
-  (usesCacheAware(cluster.policy) || (!colocated && cluster.policy.disaggregation === "conditional")) && req.prefixHashes.length > 0;
+  (usesCacheAware(cluster.policy) || (!colocated && decidesPerRequest(cluster.policy))) && req.prefixHashes.length > 0;
 
 /**
  * What the pure selection core (src/routing/select.ts) is given for one request: each pool's
@@ -61,6 +66,12 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
     if (n.role !== "prefill") decode.push(candidateOf(n, "decode", now, s.staleMs, m));
   }
   const indexed = usesPrefixIndex(cluster, req, colocated);
+  // the learned rates only where they decide (they cost a few multiplications a node)
+  if (!colocated && cluster.policy.disaggregation === "predicted") {
+    const profiles = profilesOf(cluster);
+    for (const n of prefill) n.rates = m.rates.view(n.id, profiles.get(n.id) ?? profileOf(cluster.profile, undefined), now);
+    for (const n of decode) n.rates = m.rates.view(n.id, profiles.get(n.id) ?? profileOf(cluster.profile, undefined), now);
+  }
   return {
     policy: cluster.policy,
     colocated,
@@ -80,6 +91,18 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
   };
 }
 
+/** Per view: each node's prior rates (its profile over the pool's), computed once. */
+const profilesByView = new WeakMap<ClusterView, Map<string, RateProfile>>();
+
+function profilesOf(cluster: ClusterView): Map<string, RateProfile> {
+  let profiles = profilesByView.get(cluster);
+  if (!profiles) {
+    profiles = new Map(cluster.nodes.map((n) => [n.id, profileOf(cluster.profile, n.profile)]));
+    profilesByView.set(cluster, profiles);
+  }
+  return profiles;
+}
+
 /** One node as selection sees it in one role: its health, lease load, signals, rate and recent share. */
 export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: number, m: RouteSources): CandidateNode {
   const h = m.health.view(n.id);
@@ -92,6 +115,9 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
     group: n.group ?? `node:${n.id}`,
     load: load ? load[role] : 0,
     work: role === "prefill" ? (load?.prefillTokens ?? 0) : (load?.tokens ?? 0),
+    prefillTokens: load?.prefillTokens ?? 0,
+    prefillRequests: load?.prefill ?? 0,
+    decoding: load?.decode ?? 0,
     charsPerToken: m.prefixes.rates.of(n.id),
     localPrefill: n.localPrefill === true,
     healthy: isHealthy(h, now),

@@ -1,5 +1,9 @@
+import { PREDICTION_RATIO_BOUNDS } from "../observability/cluster-snapshot";
 import type { Decision, Role } from "../routing/types";
-import { newHistogram, observe } from "./histogram";
+import { newHistogram, observe, observeValue } from "./histogram";
+
+/** Buckets of actual / predicted TTFT: a quarter to four times, finer around 1. */
+export { PREDICTION_RATIO_BOUNDS };
 import type { ClusterSnapshot, LegReport } from "./types";
 
 /**
@@ -14,6 +18,8 @@ export class RouterStats {
   /** per-request decisions of how to serve (SPEC 8: mode and reason) */
   readonly #disagg = new Map<string, number>();
   readonly latency = { ttfb: newHistogram(), prefill: newHistogram() };
+  /** actual / predicted TTFT of the requests predicted disaggregation routed */
+  readonly predictionRatio = newHistogram(PREDICTION_RATIO_BOUNDS);
   readonly prefix = { lookedUpBlocks: 0, matchedBlocks: 0 };
   expiredLeases = 0;
 
@@ -27,6 +33,7 @@ export class RouterStats {
 
   /** A request was routed: each role's rule, and how it is served and why. */
   countRouted(decision: Decision): void {
+    this.routed++;
     bump(this.#decisions, { role: "prefill", rule: decision.prefill.rule });
     bump(this.#decisions, { role: "decode", rule: decision.decode.rule });
     bump(this.#disagg, { mode: decision.mode, reason: decision.reason });
@@ -43,6 +50,14 @@ export class RouterStats {
     if (report?.ms === undefined || report.outcome !== "ok") return;
     observe(leg === "prefill" ? this.latency.prefill : this.latency.ttfb, report.ms);
   }
+
+  /** A request predicted at `predictedMs` had its first token after `actualMs`. */
+  observePrediction(actualMs: number, predictedMs: number): void {
+    if (actualMs >= 0 && predictedMs > 0) observeValue(this.predictionRatio, actualMs / predictedMs);
+  }
+
+  /** Requests routed so far (the history's request rate). */
+  routed = 0;
 
   disagg(): ClusterSnapshot["disagg"] {
     return rows(this.#disagg);

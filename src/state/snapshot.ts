@@ -7,6 +7,9 @@ import { breakerState, isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
 import { type LeaseTable, newLoad } from "./leases";
 import type { HistoryPoint, NodeHistory } from "./node-history";
+import { type NodeRateTable, profileOf } from "./node-rates";
+import type { RoutingPrecision } from "./routing-precision";
+import { KV_BYTES_PER_TOKEN } from "../routing/predict";
 import type { PrefillUsageDetails } from "./prefill-usage-details";
 import type { PrefixMemory } from "./prefix-memory";
 import type { RouterStats } from "./router-stats";
@@ -24,6 +27,8 @@ export interface StatusSources {
   admission: EdgeAdmission;
   history: NodeHistory;
   silent: SilentNodes;
+  rates: NodeRateTable;
+  precision: RoutingPrecision;
 }
 
 type ViewNode = ClusterView["nodes"][number];
@@ -33,7 +38,7 @@ export function clusterSnapshot(cluster: ClusterView | null, m: StatusSources, n
   const signals = cluster ? signalsOf(cluster) : null;
   return {
     version: cluster?.version ?? null,
-    nodes: (cluster?.nodes ?? []).map((n) => nodeStatus(n, signals!, now, m)),
+    nodes: (cluster?.nodes ?? []).map((n) => nodeStatus(n, signals!, now, m, cluster ?? undefined)),
     leases: m.leases.size,
     expiredLeases: m.stats.expiredLeases,
     requests: m.stats.requests(),
@@ -43,12 +48,20 @@ export function clusterSnapshot(cluster: ClusterView | null, m: StatusSources, n
     latency: m.stats.latency,
     admission: m.admission.status(),
     history: withHistory ? m.history.points(now) : [],
+    prediction: m.stats.predictionRatio,
+    precision: cluster ? [{ pool: poolLabel(cluster), ...m.precision.counts(now) }] : [],
     now,
   };
 }
 
 /** One node: its health and breaker, its leases' load, its engine's signals, its prefix feedback. */
-export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources): NodeStatus {
+/** The pool an object serves, as /metrics labels it: `all` for a whole cluster, else its models (the view's version suffix). */
+export const poolLabel = (cluster: ClusterView): string => {
+  const at = cluster.version.indexOf("/pool:");
+  return at < 0 ? "all" : cluster.version.slice(at + "/pool:".length);
+};
+
+export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources, cluster?: ClusterView): NodeStatus {
   const h = m.health.view(n.id);
   const { requestsPrefill, requestsDecode, ...inflight } = m.leases.loadOf(n.id) ?? newLoad();
   const decodes = n.role === "decode" || n.role === "both";
@@ -74,18 +87,33 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     usageDetails: m.usageDetails.verdict(n.id),
     noSignals: m.silent.silent(n.id),
     prefix: m.prefixes.status(n.id),
+    rates: ratesStatus(m.rates.view(n.id, profileOf(cluster?.profile, n.profile), now)),
   };
 }
 
-/** One point of per-node figures for the status page's history: in-flight requests, reported KV use and queue. */
-export function historyPoint(cluster: ClusterView, now: number, m: Pick<StatusSources, "leases" | "signals">): HistoryPoint {
+const ratesStatus = (r: ReturnType<NodeRateTable["view"]>): NonNullable<NodeStatus["rates"]> => ({
+  prefillTokensPerS: Math.round(1000 / r.prefillMsPerToken),
+  decodeStepMs: Math.round(r.decodeStepMs * 10) / 10,
+  decodeMsPerSeq: Math.round(r.decodeMsPerSeq * 100) / 100,
+  transferMsPerGB: Math.round((r.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
+});
+
+/** One point of per-node figures for the status page's history: in-flight requests, reported KV use and queue, requests routed so far. */
+export function historyPoint(cluster: ClusterView, now: number, m: Pick<StatusSources, "leases" | "signals" | "stats">): HistoryPoint {
   const staleMs = signalsOf(cluster).staleMs;
   return {
     t: now,
+    routed: m.stats.routed,
     nodes: cluster.nodes.map((n) => {
       const load = m.leases.loadOf(n.id);
       const view = m.signals.view(n.id, now, staleMs);
-      return { node: n.id, inflight: (load?.prefill ?? 0) + (load?.decode ?? 0), kvUsage: view?.reported.kvUsage ?? null, queue: view?.reported.waiting ?? null };
+      return {
+        node: n.id,
+        inflight: (load?.prefill ?? 0) + (load?.decode ?? 0),
+        kvUsage: view?.reported.kvUsage ?? null,
+        queue: view?.reported.waiting ?? null,
+        requests: (load?.requestsPrefill ?? 0) + (load?.requestsDecode ?? 0),
+      };
     }),
   };
 }

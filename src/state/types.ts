@@ -97,6 +97,17 @@ export interface FinishReport {
   engineUsage?: EngineUsage;
   prefill?: LegReport;
   decode?: LegReport;
+  /** what the Worker measured of a request that was answered (learned rates, prediction ratio) */
+  observed?: RequestObservation;
+}
+
+/** The Worker's measurements of one answered request. */
+export interface RequestObservation {
+  /** ms from sending the first leg to D's first byte: P's answer (when P ran first) plus D's first byte */
+  ttftMs?: number;
+  /** a stream's data events and the ms between the first and the last */
+  streamEvents?: number;
+  streamSpanMs?: number;
 }
 
 export interface FailoverResponse {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
-import { affinityKey, affinityKeyMaterial, conversationKey } from "../../../src/routing/affinity-key";
+import { AGENT_SESSION_HEADERS, affinityKey, affinityKeyMaterial, agentSessionOf, conversationKey } from "../../../src/routing/affinity-key";
 import { sha256Hex } from "../../../src/routing/hash";
 import { withoutFileEngines } from "../helpers";
 
@@ -30,6 +30,52 @@ describe("affinity key: which source decides", () => {
     expect(key({ prompt: [] }, "completion")).toBeNull();
     expect(key("not an object", "chat")).toBeNull();
     expect(key(null, "completion")).toBeNull();
+  });
+});
+
+describe("affinity key: the clients' own cache keys (SPEC 9)", () => {
+  const body = (extra: Record<string, unknown> = {}) => chat([{ role: "user", content: "hi" }], { user: "u-1", ...extra });
+
+  it("takes prompt_cache_key, then x-session-id, then an agent session header, then user", () => {
+    const all = { body: body({ prompt_cache_key: "pck" }), kind: "chat" as const, sessionId: "s-1", agentSessionId: "a-1" };
+    expect(affinityKeyMaterial(all)?.source).toBe("prompt_cache_key");
+    expect(affinityKeyMaterial({ ...all, kind: "responses" })?.source).toBe("prompt_cache_key");
+    expect(affinityKeyMaterial({ ...all, body: body() })?.source).toBe("session");
+    expect(affinityKeyMaterial({ ...all, body: body(), sessionId: null })?.source).toBe("agent_session");
+    expect(affinityKeyMaterial({ ...all, body: body(), sessionId: null, agentSessionId: " " })?.source).toBe("user");
+    // an empty or non-string prompt_cache_key is no key
+    expect(affinityKeyMaterial({ ...all, body: body({ prompt_cache_key: "" }) })?.source).toBe("session");
+    expect(affinityKeyMaterial({ ...all, body: body({ prompt_cache_key: 7 }) })?.source).toBe("session");
+  });
+
+  it("hashes a client-chosen key with the API key's label: two tenants choosing one key get two keys, one tenant keeps its own", () => {
+    fc.assert(
+      fc.property(
+        fc.string({ minLength: 1 }).filter((s) => s.trim() !== ""),
+        fc.constantFrom("prompt_cache_key", "session", "agent"),
+        (value, where) => {
+          const input = (tenant: string | null) =>
+            affinityKeyMaterial({
+              body: body(where === "prompt_cache_key" ? { prompt_cache_key: value } : {}),
+              kind: "chat",
+              sessionId: where === "session" ? value : null,
+              agentSessionId: where === "agent" ? value : null,
+              tenant,
+            })!.material;
+          expect(input("tenant-a")).not.toBe(input("tenant-b"));
+          expect(input("tenant-a")).toBe(input("tenant-a"));
+          expect(input(null)).not.toBe(input("tenant-a"));
+        },
+      ),
+    );
+  });
+
+  it("reads the documented agent session headers, most specific first", () => {
+    const headers: Record<string, string> = { session_id: "codex", "x-claude-code-session-id": "claude" };
+    expect(agentSessionOf((n) => headers[n])).toBe("claude");
+    expect(agentSessionOf((n) => (n === "x-opencode-session" ? " oc " : undefined))).toBe("oc");
+    expect(agentSessionOf(() => undefined)).toBeNull();
+    expect(AGENT_SESSION_HEADERS).toContain("x-session-affinity");
   });
 });
 

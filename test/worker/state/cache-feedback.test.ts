@@ -171,12 +171,15 @@ describe("an engine's answer", () => {
     expect(m.status("p0").charsPerToken).toBe(Math.round(m.rates.of("d0") * 1000) / 1000);
   });
 
-  it("is counted against the prediction the lease kept, only from the node predicted for", () => {
+  it("is counted against the prediction the lease kept, only from the node predicted for; another node's answer counts its cached tokens alone (SPEC 8: under every policy)", () => {
     const m = new PrefixMemory(100);
     m.learn({ prediction: prediction("d0") }, { node: "d0", promptTokens: 400, cachedTokens: 256 }, view);
     m.learn({ prediction: prediction("d0") }, { node: "d1", promptTokens: 400, cachedTokens: 256 }, view);
     expect(m.status("d0")).toMatchObject({ predictedTokens: 384, cachedTokens: 256, cacheLost: 0 });
-    expect(m.status("d1")).toMatchObject({ predictedTokens: 0, cachedTokens: 0 });
+    expect(m.status("d1")).toMatchObject({ predictedTokens: 0, cachedTokens: 256 });
+    // no prediction at all (a policy without the prefix index): the engine's figure still counts
+    m.learn({}, { node: "d2", promptTokens: 400, cachedTokens: 128 }, view);
+    expect(m.status("d2")).toMatchObject({ predictedTokens: 0, cachedTokens: 128, cacheLost: 0 });
   });
 
   it("a node that lost its cache: its entries go, but for this prompt, in every pool it serves; the log says so once", () => {

@@ -1,4 +1,6 @@
 // Builders for the object's modules and the data they are given, so each test states only what it is about.
+import { NodeRateTable } from "../../../src/state/node-rates";
+import { RoutingPrecision } from "../../../src/state/routing-precision";
 import type { Decision, RoleDecision } from "../../../src/routing/types";
 import { BoundedMap } from "../../../src/state/bounded-map";
 import { RoundRobinCursors } from "../../../src/state/cursors";
@@ -103,5 +105,7 @@ export function modules(ttlMs = 60_000): RouteSources & StatusSources {
     history: new NodeHistory(),
     usageDetails: new PrefillUsageDetails(),
     silent: new SilentNodes(),
+    rates: new NodeRateTable(),
+    precision: new RoutingPrecision(),
   };
 }

@@ -88,16 +88,18 @@ describe("a node's engine signals on the status page", () => {
 });
 
 describe("the status page's history", () => {
-  it("a point a second at most, of every node's in-flight requests and reported KV use and queue", () => {
+  it("a point a second at most, of every node's in-flight requests, reported KV use and queue, and requests routed so far", () => {
     const m = modules();
     const view = clusterView([viewNode("p0", "prefill"), viewNode("d0", "decode")]);
     m.leases.take("a", { prefill: "p0", decode: "d0", tokens: 1, expiresAt: 1e9, route: "r", fallbacks: { prefill: [], decode: [] }, model: "m" });
     m.signals.record("d0", reading({ kvUsage: 0.4, waiting: 3 }), 0);
+    m.stats.countRouted(decision("p0", "d0"));
     expect(historyPoint(view, 1_000, m)).toEqual({
       t: 1_000,
+      routed: 1,
       nodes: [
-        { node: "p0", inflight: 1, kvUsage: null, queue: null },
-        { node: "d0", inflight: 1, kvUsage: 0.4, queue: 3 },
+        { node: "p0", inflight: 1, kvUsage: null, queue: null, requests: 1 },
+        { node: "d0", inflight: 1, kvUsage: 0.4, queue: 3, requests: 1 },
       ],
     });
     const h = new NodeHistory(60_000, 10, 1_000);

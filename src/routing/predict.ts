@@ -1,0 +1,152 @@
+// Predicted time to first token of one way to serve a request (issue 23 item 2, SPEC 9), pure.
+//
+// TTFT of P then D: the prefill work already queued on P (its running prefill tokens, plus what
+// its engine reports waiting beyond them) and this request's uncached tokens, at P's learned rate
+// with attention over the context; then the transfer of what D lacks; then D's first step, which
+// also waits for the prefill work queued on D (vLLM's scheduler is FCFS, so a request whose KV
+// arrived still queues behind D's own prefills: vllm/v1/core/sched/scheduler.py). A local prefill
+// on D: D's queue and its own prefill, then a step; it also lengthens the steps of every sequence
+// decoding on D by its prefill (vLLM mixes prefill chunks into the decode batch: chunked
+// prefill), which is counted as decode harm; and D needs KV room for the whole prompt.
+//
+// The same analytic form llm-d made its default estimate (prefill tokens in flight over a
+// calibrated throughput), with the rates learned per node by the object (state/node-rates.ts).
+
+/** A node's learned rates (state/node-rates.ts). */
+export interface NodeRates {
+  /** ms a prefill token at context 0 (prefillContextFactor gives it at a context) */
+  prefillMsPerToken: number;
+  /** ms a decode step of one sequence, and what each further sequence in the batch adds */
+  decodeStepMs: number;
+  decodeMsPerSeq: number;
+  /** ms to move one token's KV to this node (as D) */
+  transferMsPerToken: number;
+}
+
+/**
+ * Context at which a prefill token costs twice what it costs at 0: attention reads every earlier
+ * token. From the issue's H20 figures: 2,048 uncached tokens take ~430 ms of a step at 10k
+ * context and ~860 ms at 30k, so k(1 + 10k/C) = 0.21 ms and k(1 + 30k/C) = 0.42 ms: C = 10k.
+ */
+export const ATTENTION_CONTEXT_TOKENS = 10_000;
+
+/**
+ * KV bytes a token, to show the transfer rate per GB and read `profile.transferGBPerS`: a
+ * Llama-3-8B-sized model (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes = 128 KiB).
+ */
+export const KV_BYTES_PER_TOKEN = 131_072;
+
+/** How much a token at mean context `ctx` costs over one at context 0. */
+export const prefillContextFactor = (ctx: number): number => 1 + Math.max(0, ctx) / ATTENTION_CONTEXT_TOKENS;
+
+/** `profile` of the document (per pool) and of a node (SPEC 9): the prior of the learned rates. */
+export interface RateProfile {
+  prefillTokensPerS: number;
+  decodeStepMs: number;
+  transferGBPerS: number;
+}
+
+export const DEFAULT_PROFILE: RateProfile = { prefillTokensPerS: 10_000, decodeStepMs: 30, transferGBPerS: 10 };
+
+/** A profile's figures as rates. */
+export const profileRates = (p: RateProfile): NodeRates => ({
+  prefillMsPerToken: 1000 / p.prefillTokensPerS,
+  decodeStepMs: p.decodeStepMs,
+  decodeMsPerSeq: 0,
+  transferMsPerToken: (KV_BYTES_PER_TOKEN / (p.transferGBPerS * 1e9)) * 1000,
+});
+
+/** One node as the prediction reads it. */
+export interface PredictedNode {
+  rates: NodeRates;
+  /** prefill tokens running on the node (router leases) and the requests they belong to */
+  prefillTokens: number;
+  prefillRequests: number;
+  /** the engine's waiting requests (projected), null without a fresh poll */
+  waiting: number | null;
+  /** sequences decoding on the node */
+  decoding: number;
+}
+
+/** What one request is to a node: its prompt and the part the node lacks. */
+export interface RequestSize {
+  promptTokens: number;
+  uncachedTokens: number;
+}
+
+/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (each taken as this prompt). */
+export function queuedTokens(n: PredictedNode, size: RequestSize): number {
+  const unknown = n.waiting === null ? 0 : Math.max(0, n.waiting - n.prefillRequests);
+  return Math.max(0, n.prefillTokens) + unknown * Math.max(0, size.promptTokens);
+}
+
+/** ms of this request's own prefill on a node lacking `uncached` of its `prompt` tokens. */
+export function ownPrefillMs(rates: NodeRates, size: RequestSize): number {
+  const uncached = Math.max(0, Math.min(size.uncachedTokens, size.promptTokens || size.uncachedTokens));
+  const cached = Math.max(0, size.promptTokens - uncached);
+  return uncached * rates.prefillMsPerToken * prefillContextFactor(cached + uncached / 2);
+}
+
+/** ms until the node has prefilled this request: what is queued there, then its own. */
+export function prefillDoneMs(n: PredictedNode, size: RequestSize): number {
+  const cached = Math.max(0, size.promptTokens - size.uncachedTokens);
+  // the queue at this request's context: the requests of a pool are alike in size
+  const queueMs = queuedTokens(n, size) * n.rates.prefillMsPerToken * prefillContextFactor(cached);
+  return queueMs + ownPrefillMs(n.rates, size);
+}
+
+/** Predicted TTFT of P then D: P prefills, D pulls what it lacks, D's queue drains meanwhile, D steps once. */
+export function remoteTtftMs(p: PredictedNode, onP: RequestSize, d: PredictedNode, onD: RequestSize): number {
+  return remoteAfterPrefillMs(prefillDoneMs(p, onP), decodeSide(d, onD));
+}
+
+/** D's next step with this request joining the sequences decoding there. */
+export const stepMsOf = (d: PredictedNode): number => d.rates.decodeStepMs + d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
+
+/** D's part of a pair, which does not depend on P: the transfer of what it lacks, its queue, its step. */
+export interface DecodeSide {
+  transferMs: number;
+  queueMs: number;
+  stepMs: number;
+}
+
+export function decodeSide(d: PredictedNode, onD: RequestSize): DecodeSide {
+  return {
+    transferMs: Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
+    queueMs: queuedTokens(d, onD) * d.rates.prefillMsPerToken,
+    stepMs: stepMsOf(d),
+  };
+}
+
+/** A pair's TTFT from P's prefill time and D's part. */
+export const remoteAfterPrefillMs = (prefillMs: number, d: DecodeSide): number => Math.max(prefillMs + d.transferMs, d.queueMs) + d.stepMs;
+
+export interface LocalPrediction {
+  ttftMs: number;
+  /** ms added to the decoding sequences' steps, summed over them: its own prefill x sequences decoding */
+  harmMs: number;
+}
+
+/** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
+export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {
+  return { ttftMs: prefillDoneMs(d, onD) + stepMsOf(d), harmMs: ownPrefillMs(d.rates, onD) * Math.max(0, d.decoding) };
+}
+
+/**
+ * D has KV room for the whole prompt (a local prefill computes all of it there): its projected KV use
+ * with the prompt stays below `kvBusy`. Without a reported capacity nothing says it has not.
+ */
+export function hasKvRoom(kvUsage: number | null | undefined, capacityTokens: number | null | undefined, promptTokens: number, kvBusy: number): boolean {
+  if (kvUsage == null || !capacityTokens || !(capacityTokens > 0)) return true;
+  return kvUsage + Math.max(0, promptTokens) / capacityTokens < kvBusy;
+}
+
+/**
+ * The policies' own pick keeps a request unless another option is predicted faster by this share
+ * of it: prefix stickiness yields only to a clearly better node, so predictions that differ by
+ * noise do not move conversations off their caches (llm-d breaks stickiness by a margin too).
+ */
+export const STICKY_MARGIN = 0.2;
+
+/** Whether `best` beats the policies' pick `incumbent` by the margin (scores in ms). */
+export const beatsIncumbent = (best: number, incumbent: number): boolean => best < incumbent * (1 - STICKY_MARGIN);

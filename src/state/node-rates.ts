@@ -1,0 +1,193 @@
+export { DEFAULT_PROFILE, type RateProfile } from "../routing/predict";
+import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, type RateProfile } from "../routing/predict";
+
+// Each node's rates, learned online from the legs the router runs (issue 23 item 1, SPEC 9):
+// - prefill: ms per uncached token at context 0, from a prefill leg's time (P's answer, or a
+//   local / colocated D's first byte less one decode step) over the work it covered — its own
+//   uncached tokens (the engine's prompt minus cached tokens when it reported them) plus the
+//   prefill tokens already running on the node when it was sent, each weighted by attention over
+//   the context (predict.ts prefillContextFactor);
+// - decode: ms a step against the batch (a line: the step of one sequence, plus ms a sequence),
+//   from the gaps between the events of a stream the relay passed and the sequences decoding on
+//   its node when it ended (a decayed least-squares fit, the prior two points on a flat line);
+// - transfer: ms per token D lacked, from D's first byte less P's answer and D's first step.
+// Each is a ratio of time-decayed sums with the document's `profile` as a prior worth a few
+// requests: a node made twice as slow, or restarted, is learned within a minute of traffic, and an
+// idle node drifts back to its profile. Plain data, the clock passed in.
+
+/** a sample's weight halves every this many ms: a rate 2x off is mostly forgotten after ~4 half-lives */
+export const RATE_HALF_LIFE_MS = 10_000;
+/** the prior's weight, in the unit of each rate's samples: about two 1,000-token prefills, 20 decode steps, one 2,000-token transfer */
+const PRIOR_WEIGHT = { prefill: 2_000, decode: 20, transfer: 2_000 } as const;
+
+type Kind = "prefill" | "transfer";
+
+interface Decayed {
+  /** weighted sum of the samples (ms) and their weight (tokens or steps), decayed to `at` */
+  ms: number;
+  weight: number;
+  at: number;
+}
+
+/** One finished request's figures, as the object has them at its end. */
+export interface LegSample {
+  /** the node that prefilled (P; D when it served alone) and the decode node */
+  prefiller: string;
+  decode: string;
+  /** disaggregated: P then D, so D's first byte waited for the KV it lacked */
+  disaggregated: boolean;
+  /** prefill tokens running on the prefilling node when the request was sent (its queue) */
+  aheadTokens: number;
+  /** the prompt's tokens and those the prefilling node had cached (the engine's, else the router's prediction) */
+  promptTokens: number;
+  cachedTokens: number;
+  /** the KV tokens D lacked (pulled from P) */
+  transferTokens: number;
+  /** P's answer (ms; absent: none, or it ran beside D), and the client's time to first token from the decision (ms) */
+  prefillMs?: number | undefined;
+  ttftMs?: number | undefined;
+  /** sequences decoding on D when the request ended, itself included */
+  batch?: number | undefined;
+  /** a stream's data events and the ms between its first and last */
+  streamEvents?: number | undefined;
+  streamSpanMs?: number | undefined;
+}
+
+const decayFit = (d: StepFit, now: number): void => {
+  if (now <= d.at) return;
+  const f = 0.5 ** ((now - d.at) / RATE_HALF_LIFE_MS);
+  d.w *= f;
+  d.wx *= f;
+  d.wy *= f;
+  d.wxx *= f;
+  d.wxy *= f;
+  d.at = now;
+};
+
+const decayTo = (d: Decayed, now: number): void => {
+  if (now <= d.at) return;
+  const f = 0.5 ** ((now - d.at) / RATE_HALF_LIFE_MS);
+  d.ms *= f;
+  d.weight *= f;
+  d.at = now;
+};
+
+/** Decayed sums of a weighted least-squares line: step ms (y) against sequences decoding (x). */
+interface StepFit {
+  w: number;
+  wx: number;
+  wy: number;
+  wxx: number;
+  wxy: number;
+  at: number;
+}
+
+/** The prior's two points: a flat line at the profile's step, from one sequence to this many */
+const PRIOR_BATCH = 33;
+
+/** The fitted step at one sequence and its growth a sequence, with the prior's points added (never below 0). */
+function stepLine(fit: StepFit | undefined, priorMs: number): { at1: number; perSeq: number } {
+  const half = PRIOR_WEIGHT.decode / 2;
+  const w = (fit?.w ?? 0) + 2 * half;
+  const wx = (fit?.wx ?? 0) + half * (1 + PRIOR_BATCH);
+  const wy = (fit?.wy ?? 0) + 2 * half * priorMs;
+  const wxx = (fit?.wxx ?? 0) + half * (1 + PRIOR_BATCH * PRIOR_BATCH);
+  const wxy = (fit?.wxy ?? 0) + half * priorMs * (1 + PRIOR_BATCH);
+  const den = w * wxx - wx * wx;
+  const perSeq = den > 0 ? Math.max(0, (w * wxy - wx * wy) / den) : 0;
+  const at1 = (wy - perSeq * wx) / w + perSeq;
+  return { at1: Math.max(0.01, at1), perSeq };
+}
+
+export class NodeRateTable {
+  readonly #byNode = new Map<string, Record<Kind, Decayed>>();
+  readonly #steps = new Map<string, StepFit>();
+
+  /** Learns from one finished request (only the parts it measured). */
+  learn(s: LegSample, now: number, profileOf: (node: string) => RateProfile): void {
+    const d = this.view(s.decode, profileOf(s.decode), now);
+    const batch = Math.max(1, s.batch ?? 1);
+    const step = d.decodeStepMs + d.decodeMsPerSeq * (batch - 1);
+    if (s.streamEvents !== undefined && s.streamSpanMs !== undefined && s.streamEvents >= 3 && s.streamSpanMs > 0) {
+      // the last events ([DONE], a usage frame) follow the last token at once: one gap fewer
+      this.#addStep(s.decode, s.streamSpanMs / (s.streamEvents - 2), s.streamEvents - 2, batch, now);
+    }
+    const uncached = Math.max(0, s.promptTokens - s.cachedTokens);
+    const work = (Math.max(0, s.aheadTokens) + uncached) * prefillContextFactor(s.cachedTokens + uncached / 2);
+    if (s.disaggregated) {
+      if (s.prefillMs !== undefined && s.prefillMs > 0 && uncached > 0) this.#add(s.prefiller, "prefill", s.prefillMs, work, now);
+      if (s.ttftMs !== undefined && s.transferTokens > 0) {
+        const transferMs = s.ttftMs - (s.prefillMs ?? 0) - step;
+        if (transferMs > 0) this.#add(s.decode, "transfer", transferMs, s.transferTokens, now);
+      }
+    } else if (s.ttftMs !== undefined && uncached > 0) {
+      // D prefilled alone: its first byte is its prefill and one step
+      const prefillMs = s.ttftMs - step;
+      if (prefillMs > 0) this.#add(s.prefiller, "prefill", prefillMs, work, now);
+    }
+  }
+
+  /** The node's rates now: what it showed, the prior where it showed little. */
+  view(node: string, profile: RateProfile, now: number): NodeRates {
+    const own = this.#byNode.get(node);
+    const prior = profileRates(profile);
+    const rate = (kind: Kind, priorRate: number): number => {
+      const d = own?.[kind];
+      if (d) decayTo(d, now);
+      const w = PRIOR_WEIGHT[kind];
+      return ((d?.ms ?? 0) + priorRate * w) / ((d?.weight ?? 0) + w);
+    };
+    const fit = this.#steps.get(node);
+    if (fit) decayFit(fit, now);
+    const step = stepLine(fit, prior.decodeStepMs);
+    return {
+      prefillMsPerToken: rate("prefill", prior.prefillMsPerToken),
+      decodeStepMs: step.at1,
+      decodeMsPerSeq: step.perSeq,
+      transferMsPerToken: rate("transfer", prior.transferMsPerToken),
+    };
+  }
+
+  forget(node: string): void {
+    this.#byNode.delete(node);
+    this.#steps.delete(node);
+  }
+
+  clear(): void {
+    this.#byNode.clear();
+    this.#steps.clear();
+  }
+
+  #addStep(node: string, stepMs: number, steps: number, batch: number, now: number): void {
+    if (!(stepMs > 0) || !Number.isFinite(stepMs) || !(steps > 0)) return;
+    let fit = this.#steps.get(node);
+    if (!fit) {
+      fit = { w: 0, wx: 0, wy: 0, wxx: 0, wxy: 0, at: now };
+      this.#steps.set(node, fit);
+    }
+    decayFit(fit, now);
+    fit.w += steps;
+    fit.wx += steps * batch;
+    fit.wy += steps * stepMs;
+    fit.wxx += steps * batch * batch;
+    fit.wxy += steps * batch * stepMs;
+  }
+
+  #add(node: string, kind: Kind, ms: number, weight: number, now: number): void {
+    if (!(ms > 0) || !(weight > 0) || !Number.isFinite(ms / weight)) return;
+    let rates = this.#byNode.get(node);
+    if (!rates) {
+      rates = { prefill: { ms: 0, weight: 0, at: now }, transfer: { ms: 0, weight: 0, at: now } };
+      this.#byNode.set(node, rates);
+    }
+    const d = rates[kind];
+    decayTo(d, now);
+    d.ms += ms;
+    d.weight += weight;
+  }
+}
+
+/** The node's profile: its own fields over the pool's over the defaults. */
+export function profileOf(pool: Partial<RateProfile> | undefined, node: Partial<RateProfile> | undefined): RateProfile {
+  return { ...DEFAULT_PROFILE, ...pool, ...node };
+}

@@ -1,0 +1,141 @@
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import {
+  ATTENTION_CONTEXT_TOKENS,
+  DEFAULT_PROFILE,
+  hasKvRoom,
+  localPrediction,
+  type PredictedNode,
+  prefillDoneMs,
+  profileRates,
+  remoteTtftMs,
+  STICKY_MARGIN,
+} from "../../../src/routing/predict";
+import { choosePredicted, type DecodeCandidate, type PredictedCandidate } from "../../../src/routing/select-predicted";
+
+const rates = profileRates(DEFAULT_PROFILE);
+const node = (o: Partial<PredictedNode> = {}): PredictedNode => ({ rates, prefillTokens: 0, prefillRequests: 0, waiting: null, decoding: 0, ...o });
+const P = (id: string, o: Partial<PredictedNode> = {}, uncached = 4000, prompt = 4000): PredictedCandidate => ({
+  id,
+  group: id,
+  node: node(o),
+  size: { promptTokens: prompt, uncachedTokens: uncached },
+});
+const D = (id: string, o: Partial<PredictedNode> = {}, uncached = 4000, prompt = 4000, extra: Partial<DecodeCandidate> = {}): DecodeCandidate => ({
+  ...P(id, o, uncached, prompt),
+  localPrefill: false,
+  kvUsage: null,
+  kvCapacityTokens: null,
+  ...extra,
+});
+
+describe("predicted TTFT (pure)", () => {
+  it("a prefill costs its uncached tokens at the node's rate, more at a longer context", () => {
+    // 10,000 tokens/s: 1,000 cold tokens are 100 ms and a bit of attention over themselves
+    expect(prefillDoneMs(node(), { promptTokens: 1000, uncachedTokens: 1000 })).toBeCloseTo(100 * (1 + 500 / ATTENTION_CONTEXT_TOKENS));
+    // the same 1,000 tokens after 20,000 cached ones cost about three times as much
+    const late = prefillDoneMs(node(), { promptTokens: 21_000, uncachedTokens: 1000 });
+    expect(late / 100).toBeCloseTo(1 + 20_500 / ATTENTION_CONTEXT_TOKENS);
+  });
+
+  it("grows with the work queued on the node, its own and what the engine says waits beyond it", () => {
+    fc.assert(
+      fc.property(fc.nat(100_000), fc.nat(50), fc.integer({ min: 1, max: 50_000 }), (queued, waiting, prompt) => {
+        const size = { promptTokens: prompt, uncachedTokens: prompt };
+        const idle = prefillDoneMs(node(), size);
+        expect(prefillDoneMs(node({ prefillTokens: queued, prefillRequests: 1 }), size)).toBeGreaterThanOrEqual(idle);
+        // waiting requests the router sent are already in its prefill tokens: only those beyond count
+        expect(prefillDoneMs(node({ prefillTokens: queued, prefillRequests: 50, waiting }), size)).toBeCloseTo(
+          prefillDoneMs(node({ prefillTokens: queued, prefillRequests: 50 }), size),
+        );
+        expect(prefillDoneMs(node({ waiting: waiting + 1 }), size)).toBeGreaterThan(idle);
+      }),
+    );
+  });
+
+  it("P then D pays the transfer of what D lacks and D's step; D's own queue delays it only past P's prefill", () => {
+    const onP = { promptTokens: 8000, uncachedTokens: 8000 };
+    const warmD = { promptTokens: 8000, uncachedTokens: 0 };
+    const coldD = { promptTokens: 8000, uncachedTokens: 8000 };
+    expect(remoteTtftMs(node(), onP, node(), coldD)).toBeGreaterThan(remoteTtftMs(node(), onP, node(), warmD));
+    expect(remoteTtftMs(node(), onP, node(), warmD)).toBeCloseTo(prefillDoneMs(node(), onP) + rates.decodeStepMs);
+    const shortQueue = node({ prefillTokens: 100, prefillRequests: 1 });
+    expect(remoteTtftMs(node(), onP, shortQueue, warmD)).toBeCloseTo(remoteTtftMs(node(), onP, node(), warmD));
+    const longQueue = node({ prefillTokens: 200_000, prefillRequests: 20 });
+    expect(remoteTtftMs(node(), onP, longQueue, warmD)).toBeGreaterThan(remoteTtftMs(node(), onP, node(), warmD) * 2);
+  });
+
+  it("a local prefill harms each sequence decoding there by its own prefill time", () => {
+    const size = { promptTokens: 2000, uncachedTokens: 1000 };
+    expect(localPrediction(node(), size).harmMs).toBe(0);
+    const busy = localPrediction(node({ decoding: 12 }), size);
+    expect(busy.harmMs).toBeCloseTo(12 * (busy.ttftMs - rates.decodeStepMs));
+  });
+
+  it("KV room for the whole prompt: below kvBusy with it; unknown capacity never refuses", () => {
+    expect(hasKvRoom(0.5, 10_000, 3000, 0.9)).toBe(true);
+    expect(hasKvRoom(0.5, 10_000, 4000, 0.9)).toBe(false);
+    expect(hasKvRoom(null, 10_000, 1e9, 0.9)).toBe(true);
+    expect(hasKvRoom(0.95, null, 1, 0.9)).toBe(true);
+  });
+});
+
+describe("the predicted choice (pure)", () => {
+  it("keeps the policies' pair while nothing is predicted faster by the margin", () => {
+    const answer = choosePredicted({ prefills: [P("p0"), P("p1", {}, 3900)], decodes: [D("d0"), D("d1")], sameGroup: false, kvBusy: 0.9 })!;
+    expect(answer.choice).toMatchObject({ mode: "disaggregated", prefill: "p0", decode: "d0" });
+  });
+
+  it("passes over a D with a long prefill queue for one predicted faster, though the first holds more of the prompt", () => {
+    const queued = { prefillTokens: 100_000, prefillRequests: 10 };
+    const answer = choosePredicted({ prefills: [P("p0")], decodes: [D("d0", queued, 0), D("d1", {}, 4000)], sameGroup: false, kvBusy: 0.9 })!;
+    expect(answer.choice).toMatchObject({ mode: "disaggregated", decode: "d1" });
+    expect(answer.figures.decode.get("d0")!.predictedTtftMs).toBeGreaterThan(answer.figures.decode.get("d1")!.predictedTtftMs);
+  });
+
+  it("prefills on D when P is queued, unless D lacks KV room for the whole prompt", () => {
+    const q = (kvUsage: number) => ({
+      prefills: [P("p0", { prefillTokens: 200_000, prefillRequests: 20 })],
+      decodes: [D("d0", {}, 500, 6000, { localPrefill: true, kvUsage, kvCapacityTokens: 10_000 })],
+      sameGroup: false,
+      kvBusy: 0.9,
+    });
+    expect(choosePredicted(q(0.1))!.choice).toMatchObject({ mode: "local", decode: "d0" });
+    const refused = choosePredicted(q(0.5))!;
+    expect(refused.choice).toMatchObject({ mode: "disaggregated", prefill: "p0", decode: "d0" });
+    expect(refused.figures.decode.get("d0")!.localTtftMs).toBeNull();
+  });
+
+  it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {
+    const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30) });
+    fc.assert(
+      fc.property(
+        fc.array(fc.tuple(fc.constantFrom("a", "b", "c", "d"), arbNode, fc.nat(8000), fc.boolean(), fc.constantFrom("g1", "g2")), { minLength: 1, maxLength: 6 }),
+        fc.boolean(),
+        (spec, sameGroup) => {
+          const unique = [...new Map(spec.map((s) => [s[0], s])).values()];
+          const prefills = unique.map(([id, o, uncached, , group]) => ({ ...P(id, o, uncached, 8000), group }));
+          const decodes = unique.map(([id, o, uncached, local, group]) => ({ ...D(id, o, uncached, 8000, { localPrefill: local }), group }));
+          const answer = choosePredicted({ prefills, decodes, sameGroup, kvBusy: 0.9 });
+          if (answer === null) {
+            // no option: every pair would be a node with itself (or across groups) and no D may prefill alone
+            expect(decodes.every((d) => !d.localPrefill)).toBe(true);
+            return;
+          }
+          const c = answer.choice;
+          if (c.mode === "disaggregated") {
+            expect(c.prefill).not.toBe(c.decode);
+            if (sameGroup) expect(prefills.find((p) => p.id === c.prefill)!.group).toBe(decodes.find((d) => d.id === c.decode)!.group);
+          } else expect(decodes.find((d) => d.id === c.decode)!.localPrefill).toBe(true);
+          // brute force: no option scores below the choice by more than the margin
+          const scores = decodes.flatMap((d) => [
+            ...prefills.filter((p) => p.id !== d.id && (!sameGroup || p.group === d.group)).map((p) => remoteTtftMs(p.node, p.size, d.node, d.size)),
+            ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs) : []),
+          ]);
+          const score = c.ttftMs + (c.mode === "local" ? c.harmMs : 0);
+          expect(score * (1 - STICKY_MARGIN)).toBeLessThanOrEqual(Math.min(...scores) + 1e-6);
+        },
+      ),
+    );
+  });
+});

@@ -1,0 +1,122 @@
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import { DEFAULT_PROFILE, prefillContextFactor, profileRates } from "../../../src/routing/predict";
+import { type LegSample, NodeRateTable, profileOf, RATE_HALF_LIFE_MS } from "../../../src/state/node-rates";
+import { coversPrevious, PRECISION_BLOCK_TOKENS, RoutingPrecision } from "../../../src/state/routing-precision";
+
+const profile = () => DEFAULT_PROFILE;
+const prior = profileRates(DEFAULT_PROFILE);
+/** A P leg of `tokens` cold tokens that took `ms`, nothing ahead, D pulled them all. */
+const leg = (ms: number, tokens = 2000, extra: Partial<LegSample> = {}): LegSample => ({
+  prefiller: "p0",
+  decode: "d0",
+  disaggregated: true,
+  aheadTokens: 0,
+  promptTokens: tokens,
+  cachedTokens: 0,
+  transferTokens: tokens,
+  prefillMs: ms,
+  ...extra,
+});
+
+describe("learned rates: the prior first, then what the legs show", () => {
+  it("a node never seen has its profile's rates (a node's own profile over the pool's)", () => {
+    const t = new NodeRateTable();
+    expect(t.view("x", profile(), 0)).toEqual(prior);
+    expect(profileOf({ prefillTokensPerS: 5000 }, { decodeStepMs: 10 })).toEqual({ prefillTokensPerS: 5000, decodeStepMs: 10, transferGBPerS: 10 });
+    expect(t.view("x", profileOf({ prefillTokensPerS: 5000 }, undefined), 0).prefillMsPerToken).toBeCloseTo(0.2);
+  });
+
+  it("prefill: ms per token at context 0, the leg's time over its work (queue ahead included, attention weighed)", () => {
+    const t = new NodeRateTable();
+    const factor = prefillContextFactor(1000);
+    // 2,000 tokens in 400 ms, many times over: 0.2 ms a token at their context
+    for (let i = 0; i < 50; i++) t.learn(leg(400 * factor), i * 100, profile);
+    expect(t.view("p0", profile(), 5000).prefillMsPerToken).toBeCloseTo(0.2, 1);
+    // 2,000 tokens queued ahead: the same leg time is half the rate
+    const q = new NodeRateTable();
+    for (let i = 0; i < 50; i++) q.learn(leg(400 * factor, 2000, { aheadTokens: 2000 }), i * 100, profile);
+    expect(q.view("p0", profile(), 5000).prefillMsPerToken).toBeLessThan(0.15);
+  });
+
+  it("a node made twice as slow is learned within a minute of traffic (a request a second)", () => {
+    const t = new NodeRateTable();
+    let now = 0;
+    for (; now < 60_000; now += 1000) t.learn(leg(200), now, profile);
+    const before = t.view("p0", profile(), now).prefillMsPerToken;
+    for (const end = now + 60_000; now < end; now += 1000) t.learn(leg(400), now, profile);
+    const after = t.view("p0", profile(), now).prefillMsPerToken;
+    expect(after / before).toBeGreaterThan(1.9);
+    expect(after / before).toBeLessThan(2.05);
+  });
+
+  it("an idle node drifts back to its profile (a restart is learned afresh)", () => {
+    const t = new NodeRateTable();
+    for (let i = 0; i < 30; i++) t.learn(leg(2000), i * 1000, profile);
+    expect(t.view("p0", profile(), 30_000).prefillMsPerToken).toBeGreaterThan(prior.prefillMsPerToken * 3);
+    expect(t.view("p0", profile(), 30_000 + 20 * RATE_HALF_LIFE_MS).prefillMsPerToken).toBeCloseTo(prior.prefillMsPerToken, 3);
+  });
+
+  it("decode step from a stream's pace; transfer from D's first byte less P's answer and a step; a local prefill teaches D's prefill rate", () => {
+    const t = new NodeRateTable();
+    for (let i = 0; i < 40; i++) t.learn(leg(100, 2000, { ttftMs: 100 + 30 + 50, streamEvents: 102, streamSpanMs: 1000 }), i * 500, profile);
+    const d = t.view("d0", profile(), 20_000);
+    expect(d.decodeStepMs).toBeCloseTo(10, 0);
+    // 50 ms more than P and a prior step (30, learning towards 10): 2,000 tokens in ~50-70 ms
+    expect(d.transferMsPerToken).toBeGreaterThan(0.02);
+    expect(d.transferMsPerToken).toBeLessThan(0.04);
+    const local = new NodeRateTable();
+    for (let i = 0; i < 40; i++) local.learn({ ...leg(0), prefiller: "d0", disaggregated: false, prefillMs: undefined, ttftMs: 430, transferTokens: 0 }, i * 500, profile);
+    expect(local.view("d0", profile(), 20_000).prefillMsPerToken).toBeCloseTo(400 / 2000 / prefillContextFactor(1000), 2);
+  });
+
+  it("decode step against the batch: the line through streams at different batch sizes", () => {
+    const t = new NodeRateTable();
+    // 10 ms a step alone, 1 ms more for each further sequence
+    for (let i = 0; i < 60; i++) {
+      const batch = 1 + (i % 30);
+      t.learn(leg(0, 2000, { prefillMs: undefined, batch, streamEvents: 102, streamSpanMs: 100 * (10 + (batch - 1)) }), i * 200, profile);
+    }
+    const r = t.view("d0", profile(), 12_000);
+    expect(r.decodeStepMs).toBeCloseTo(10, 0);
+    expect(r.decodeMsPerSeq).toBeCloseTo(1, 1);
+    // a node never measured: the profile's step, flat
+    expect(t.view("d9", profile(), 0)).toMatchObject({ decodeStepMs: 30, decodeMsPerSeq: 0 });
+  });
+
+  it("rates stay positive (a sequence's step growth at least 0) and finite whatever the samples (property)", () => {
+    fc.assert(
+      fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
+        const t = new NodeRateTable();
+        samples.forEach(([ms, tokens, cached, ahead], i) =>
+          t.learn(leg(ms, tokens, { cachedTokens: cached, aheadTokens: ahead, ttftMs: ms, streamEvents: tokens, streamSpanMs: ms }), i * 10, profile),
+        );
+        for (const node of ["p0", "d0"]) {
+          const { decodeMsPerSeq, ...rest } = t.view(node, profile(), samples.length * 10);
+          expect(decodeMsPerSeq).toBeGreaterThanOrEqual(0);
+          for (const v of [decodeMsPerSeq, ...Object.values(rest)]) expect(Number.isFinite(v)).toBe(true);
+          for (const v of Object.values(rest)) expect(v).toBeGreaterThan(0);
+        }
+      }),
+    );
+  });
+});
+
+describe("routing precision (pure)", () => {
+  it("a follow-up is precise when the engine's cached tokens cover the previous prompt's whole blocks", () => {
+    expect(coversPrevious(3000, 2560)).toBe(true);
+    expect(coversPrevious(3000, 2048)).toBe(false);
+    expect(coversPrevious(PRECISION_BLOCK_TOKENS - 1, 0)).toBeNull();
+  });
+
+  it("counts follow-ups of each conversation over the last 15 minutes", () => {
+    const p = new RoutingPrecision();
+    p.observe("a", 3000, 0, 0);
+    expect(p.counts(0)).toEqual({ followUps: 0, precise: 0 });
+    p.observe("a", 4000, 2560, 1000);
+    p.observe("a", 5000, 0, 2000);
+    p.observe("b", 3000, 0, 2000);
+    expect(p.counts(2000)).toEqual({ followUps: 2, precise: 1 });
+    expect(p.counts(2000 + 16 * 60_000)).toEqual({ followUps: 0, precise: 0 });
+  });
+});
