@@ -180,6 +180,9 @@ function emptyStats() {
     suffixPulls: 0,
     blocksPulled: 0,
     selfPrefills: 0,
+    /** P legs that fetched a held prefix from another engine (presets with prefixMesh) */
+    prefixFetches: 0,
+    prefixFetchedUnits: 0,
     protocolViolations: 0,
     /** @type {string[]} the last 50 violations, explained */
     violations: [],
@@ -314,6 +317,8 @@ export async function startEngine(options) {
     'transferInterferenceMs',
     'linkGbps',
     'ingestHbmShare',
+    'stallLoadShare',
+    'prefixMesh',
   ]) {
     if (/** @type {any} */ (options)[k] !== undefined) modelOverrides[k] = /** @type {any} */ (options)[k];
   }
@@ -327,8 +332,8 @@ export async function startEngine(options) {
     maxNumBatchedTokens: figures.maxNumBatchedTokens,
     maxNumSeqs: figures.maxNumSeqs,
     preemption: figures.preemption,
-    ingestBytesPerMs: figures.ingestBytesPerMs,
-    landed: () => time.fabric.landed(id),
+    stallLoadBytesPerMs: figures.stallLoadBytesPerMs,
+    moved: () => time.fabric.landed(id) + time.fabric.sent(id),
   });
   const registerLink = () => {
     time.fabric.configure(figures.fabric);
@@ -359,7 +364,7 @@ export async function startEngine(options) {
         maxNumBatchedTokens: figures.maxNumBatchedTokens,
         maxNumSeqs: figures.maxNumSeqs,
         preemption: figures.preemption,
-        ingestBytesPerMs: figures.ingestBytesPerMs,
+        stallLoadBytesPerMs: figures.stallLoadBytesPerMs,
       });
       registerLink();
     }
@@ -496,6 +501,7 @@ export async function startEngine(options) {
       promptTokens: tokens,
       maxTokens,
       hold,
+      fetchPrefix: seqKind === 'prefill' && figures.prefixMesh ? (local) => prefixFetch(hashes, local, rec) : undefined,
       load:
         seqKind === 'remote'
           ? async (missing, s) => {
@@ -532,6 +538,41 @@ export async function startEngine(options) {
       },
     });
     return core.submit(seq);
+  }
+
+  /**
+   * Seed 000's KV mesh: where another running engine (a P, or even a D) holds a longer prefix of
+   * this prompt than this P does, fetch those units from it over the fabric instead of computing
+   * them. The holder with the longest prefix serves (a P before a D at equal length); its NIC
+   * egress is shared with its other transfers and its step loop stalls while the bytes leave it
+   * (sim/model/fabric.mjs), as this P's does while they land.
+   * @param {string[]} hashes @param {number} local units this P holds @param {Partial<RequestStats>} [rec]
+   * @returns {import('./model/scheduler.mjs').PrefixFetch | undefined}
+   */
+  function prefixFetch(hashes, local, rec) {
+    /** @type {Engine | undefined} */
+    let holder;
+    let units = local;
+    for (const other of registry.engines.values()) {
+      if (other === engine || !other.running) continue;
+      const m = other.cache.peekMatch(hashes);
+      if (m > units || (holder && m === units && holder.role !== 'prefill' && other.role === 'prefill')) {
+        units = m;
+        holder = other;
+      }
+    }
+    if (!holder || units <= local) return undefined;
+    const from = holder.id;
+    return {
+      units,
+      run: async () => {
+        const r = await time.fabric.transfer(from, id, (units - local) * blockTokens * figures.kvBytesPerToken);
+        stats.prefixFetches++;
+        stats.prefixFetchedUnits += units - local;
+        if (rec) Object.assign(rec, { prefixFetchFrom: from, prefixFetchedUnits: units - local, prefixFetchMs: r.ms });
+        return r;
+      },
+    };
   }
 
   /**

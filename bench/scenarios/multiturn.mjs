@@ -209,6 +209,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   let withPMiss = 0;
   let withDMiss = 0;
   let fullRepullsAfterFirst = 0;
+  let fetchesAfterFirst = 0;
   for (const [id, legs] of Object.entries(perRequest)) {
     // the router's upstream id is the client's x-request-id plus a per-attempt suffix (unique ids, issue 10)
     const m = /turn(\d+)(?:-[0-9a-f]{8}[0-9a-z]{1,2})?$/.exec(id);
@@ -221,6 +222,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     if (dMiss) withDMiss++;
     if (pMiss || dMiss) withMiss++;
     if (list.some((r) => r.role === 'decode' && r.fullRepull)) fullRepullsAfterFirst++;
+    if (list.some((r) => r.role === 'prefill' && (r.prefixFetchedUnits ?? 0) > 0)) fetchesAfterFirst++;
   }
   const ttft = ds.flatMap((e) => e.ttftMs);
   const tpot = ds.flatMap((e) => e.tpotMs);
@@ -263,9 +265,12 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     dLocalityMissBlocks: sum(ds, (e) => e.localityMissBlocks),
     turnsAfterFirst: afterFirst,
     turnsWithLocalityMissAfterFirst: withMiss,
-    // a P leg after the first turn whose prefix another node held: with a shared KV store
-    // (the seed's setup) that is a cross-node prefix fetch; here P recomputes it
-    prefillCrossNodeFetches: withPMiss,
+    // P legs after the first turn that fetched a held prefix from another node (seed 000's KV
+    // mesh, the seed000 preset's prefixMesh); 0 on presets whose P recomputes it
+    prefillCrossNodeFetches: fetchesAfterFirst,
+    // P legs after the first turn whose prefix another node held (fetched or recomputed)
+    pLocalityMissTurns: withPMiss,
+    pFetchedUnits: sum(ps, (e) => e.prefixFetchedUnits ?? 0),
     turnsWithDLocalityMissAfterFirst: withDMiss,
     // every pull that moved a decode node's whole context (the first turn's included)
     decodeFullRepulls: sum(ds, (e) => e.fullRepulls),

@@ -8,9 +8,11 @@
 // spine's oversubscription) and waits `crossGroupLatencyMs` more before its first byte. Rates are
 // recomputed whenever a transfer starts or ends.
 //
-// The receiving engine pays for what lands on it: the bytes landed during one of its steps
-// lengthen that step by bytes / ingestBytesPerMs (sim/model/scheduler.mjs). That is seed 000's
-// collision of KV transfers with decode steps; its rate is calibrated (docs/simulator.md).
+// Both ends pay for what moves: the bytes landed on an engine and the bytes read out of it during
+// one of its steps lengthen that step by bytes / its effective load rate (sim/model/scheduler.mjs:
+// the step loop stalls while KV moves through its HBM). That is seed 000's collision of KV
+// transfers with decode steps, on the decode node pulling and on the node a prefix is fetched
+// from; the rate is fitted (docs/simulator.md).
 import { SimClock } from './clock.mjs';
 
 /**
@@ -35,7 +37,7 @@ export class Fabric {
     this.clock = clock;
     /** @type {FabricSettings} */
     this.settings = { ...DEFAULT_FABRIC, ...settings };
-    /** @type {Map<string, LinkSpec & { landed: number, in: number, out: number }>} */
+    /** @type {Map<string, LinkSpec & { landed: number, sent: number, in: number, out: number }>} */
     this.nodes = new Map();
     /** @type {Set<Transfer>} */
     this.active = new Set();
@@ -47,7 +49,7 @@ export class Fabric {
   /** @param {string} id @param {LinkSpec} link */
   register(id, link) {
     const known = this.nodes.get(id);
-    this.nodes.set(id, { landed: known?.landed ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
+    this.nodes.set(id, { landed: known?.landed ?? 0, sent: known?.sent ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
   }
 
   /** @param {Partial<FabricSettings>} settings */
@@ -92,6 +94,12 @@ export class Fabric {
     return this.nodes.get(id)?.landed ?? 0;
   }
 
+  /** Bytes read out of an engine so far (every transfer from it, counted as they move). @param {string} id */
+  sent(id) {
+    this.#advance(this.clock.now());
+    return this.nodes.get(id)?.sent ?? 0;
+  }
+
   /** Transfers running into an engine now. @param {string} id */
   incoming(id) {
     return this.nodes.get(id)?.in ?? 0;
@@ -101,7 +109,7 @@ export class Fabric {
     this.next?.cancel();
     this.next = undefined;
     this.active.clear();
-    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, in: 0, out: 0 });
+    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, sent: 0, in: 0, out: 0 });
   }
 
   /** @param {Transfer} t @param {number} d */
@@ -122,6 +130,8 @@ export class Fabric {
       t.remaining -= moved;
       const to = this.nodes.get(t.to);
       if (to) to.landed += moved;
+      const from = this.nodes.get(t.from);
+      if (from) from.sent += moved;
     }
   }
 
@@ -163,6 +173,8 @@ export class Fabric {
     if (!this.active.delete(t)) return;
     const to = this.nodes.get(t.to);
     if (to && t.remaining > 0) to.landed += t.remaining;
+    const from = this.nodes.get(t.from);
+    if (from && t.remaining > 0) from.sent += t.remaining;
     t.remaining = 0;
     this.#count(t, -1);
     t.done({ ms: now - t.startedAt, bytes: t.bytes, crossGroup: t.crossGroup });
