@@ -75,9 +75,10 @@ export function agenticConfig(options) {
     sessionsPerS: numberOption(options, 'sessions-per-s', 1),
     // the study's --max-inflight-sessions 8: a session starts when one of 8 slots is free (0: no cap)
     maxInflightSessions: numberOption(options, 'max-inflight-sessions', 8),
-    // the headline (no flags) runs ~12,000 simulated seconds a configuration: at 0.025 that is
-    // about five minutes, every configuration at once (docs/simulator.md)
-    timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.025),
+    // the headline (no flags): every configuration at once, each 5-7 minutes at 0.04 (the
+    // engines' ~5,000 simulated seconds plus the router's real time between a session's turns;
+    // docs/simulator.md)
+    timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.04),
     // configurations run at once (each its own engines, clock and router); default: all of them
     parallel: Math.max(1, numberOption(options, 'parallel', quick ? 1 : 8)),
     preset: stringOption(options, 'preset', 'seed002'),
@@ -389,6 +390,8 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
       4,
     ),
     ttftBreakdown: ttftBreakdown(ok, answered, prefilled, edge),
+    // the decode leg's own part, means in simulated ms: its queue (for KV memory too), the pull
+    decodeLeg: decodeLegMeans(ok.map((o) => answered.get(o.id)).filter((a) => a.leg !== 'colocated')),
     modes,
     decisions,
     admissionRejected: total(metrics, 'pd_router_admission_rejected_total'),
@@ -402,6 +405,12 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     decodeRequests: decodeSide.map((e) => e.requests.total),
     routerOverheadSimP50Ms: round(percentile(overhead, 50), 1),
   };
+}
+
+/** @param {any[]} recs decode legs' records */
+function decodeLegMeans(recs) {
+  const m = (/** @type {(r: any) => number} */ f) => round(mean(recs.map(f).filter(Number.isFinite)), 1);
+  return { queueMs: m((r) => r.queueMs), kvWaitMs: m((r) => r.kvWaitMs), transferMs: m((r) => r.transferMs), ownFirstTokenMs: m((r) => r.decodeFirstTokenMs) };
 }
 
 /**

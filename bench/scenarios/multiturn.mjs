@@ -316,6 +316,7 @@ export function multiturnComparisons(results) {
   const out = comparePairs(by, /** @type {any} */ (SEED000.configs), [
     ['round_robin', 'pd_affinity', 'itlP99Ms', 'ITL p99: round-robin / P+D affinity'],
     ['p_affinity', 'pd_affinity', 'itlP99Ms', 'ITL p99: P affinity / P+D affinity'],
+    ['round_robin', 'p_affinity', 'itlP99Ms', 'ITL p99: round-robin / P affinity'],
     ['round_robin', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: round-robin / P+D affinity'],
     ['p_affinity', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: P affinity / P+D affinity'],
     ['pd_affinity', 'round_robin', 'outTokPerS', 'out tok/s: P+D affinity / round-robin'],
@@ -327,11 +328,11 @@ export function multiturnComparisons(results) {
   if (by.round_robin && by.pd_affinity) {
     out.push(
       compareRatio(
-        'D full re-pulls: round-robin / P+D affinity',
+        'D full re-pulls after the first turn: round-robin / P+D affinity',
         counts.decodeFullRepulls.round_robin,
         counts.decodeFullRepulls.pd_affinity,
-        by.round_robin.decodeFullRepulls,
-        by.pd_affinity.decodeFullRepulls,
+        by.round_robin.dFullRepullsAfterFirst,
+        by.pd_affinity.dFullRepullsAfterFirst,
       ),
     );
     out.push(
@@ -340,7 +341,8 @@ export function multiturnComparisons(results) {
         counts.prefillCrossNodeFetches.round_robin,
         counts.prefillCrossNodeFetches.pd_affinity,
         by.round_robin.prefillCrossNodeFetches,
-        Math.max(1, by.pd_affinity.prefillCrossNodeFetches),
+        // a count of 0 stays 0 (the ratio is infinite), not 1
+        by.pd_affinity.prefillCrossNodeFetches,
       ),
     );
   }

@@ -28,7 +28,7 @@ import { stepTime } from './step-time.mjs';
 /**
  * @typedef {{ index: number, at: number, stepMs: number }} TokenEvent
  * @typedef {'new' | 'waiting' | 'loading' | 'running' | 'finished' | 'aborted' | 'failed'} SeqState
- * @typedef {{ units: number, run: () => Promise<{ ms: number, bytes?: number }> }} PrefixFetch
+ * @typedef {{ units: number, run: (at: number) => Promise<{ ms: number, bytes?: number, at?: number }> }} PrefixFetch
  *   `units` full prefix units (from the start) another engine holds, `run` moves them here
  */
 
@@ -40,7 +40,8 @@ export class Sequence {
    * @param {number} o.promptTokens
    * @param {number} o.maxTokens tokens to generate (a P leg: 1)
    * @param {boolean} [o.hold] keep the blocks when finished (released by releaseHeld())
-   * @param {(missingTokens: number, seq: Sequence) => Promise<{ ms: number, bytes?: number }>} [o.load] remote: pull the missing KV
+   * @param {(missingTokens: number, seq: Sequence, at: number) => Promise<{ ms: number, bytes?: number, at?: number }>} [o.load] remote: pull the
+   *   missing KV, from simulated time `at` (the admitting step's); resolves with when it landed
    * @param {(seq: Sequence) => void} [o.onAdmit] told once the blocks are taken (the hit is known)
    * @param {(localUnits: number, seq: Sequence) => PrefixFetch | undefined} [o.fetchPrefix] a P leg:
    *   where a longer prefix than the local hit is held, fetch it instead of computing it
@@ -142,7 +143,7 @@ export class Sequence {
  * @property {boolean} preemption preempt the newest request when a running one cannot grow
  * @property {number} stallLoadBytesPerMs effective load rate: KV moving in or out of this engine
  *   stalls its step 1 ms per this many bytes (Infinity: free)
- * @property {() => number} [moved] bytes landed on and read out of this engine so far (the fabric's count)
+ * @property {(at: number) => number} [moved] bytes landed on and read out of this engine up to simulated time `at` (the fabric's count)
  */
 
 export class EngineCore {
@@ -210,11 +211,15 @@ export class EngineCore {
     return seq;
   }
 
-  /** Start stepping if idle. */
-  kick() {
+  /**
+   * Start stepping if idle: at `at` (a simulated event's own time) or now. An event the event
+   * loop ran late keeps its time, so a loaded machine's lag does not lengthen the request.
+   * @param {number} [at]
+   */
+  kick(at) {
     if (this.stepping || this.closed) return;
     this.stepping = true;
-    const t = Math.max(this.lastEnd, this.o.clock.now());
+    const t = Math.max(this.lastEnd, at !== undefined && Number.isFinite(at) ? Math.min(at, this.o.clock.now()) : this.o.clock.now());
     this.o.clock.at(t, (at) => this.#step(at));
   }
 
@@ -266,7 +271,7 @@ export class EngineCore {
   /** One step at simulated time t: build the batch, run it, apply it. @param {number} t */
   #step(t) {
     if (this.closed) return;
-    if (t > this.lastEnd + 1e-9) this.movedMark = this.o.moved?.() ?? 0; // idle meanwhile: what moved then cost nothing
+    if (t > this.lastEnd + 1e-9) this.movedMark = this.o.moved?.(t) ?? 0; // idle meanwhile: what moved then cost nothing
     const { items, kvBlocked } = this.#schedule(t);
     for (const s of this.waiting) {
       if (kvBlocked) s.kvBlockedSince ??= Math.max(t, s.arrival);
@@ -295,7 +300,7 @@ export class EngineCore {
     const { ms } = stepTime(this.o.cost, batch);
     this.o.clock.at(t + ms, (end) => {
       // KV that moved in or out during the step cost it time (each end's share of a transfer)
-      const moved = this.o.moved?.() ?? 0;
+      const moved = this.o.moved?.(end) ?? 0;
       const rate = this.o.stallLoadBytesPerMs;
       const stall = Number.isFinite(rate) && rate > 0 ? (moved - this.movedMark) / rate : 0;
       this.movedMark = moved;
@@ -376,19 +381,19 @@ export class EngineCore {
         seq.state = 'loading';
         this.loading.add(seq);
         const missing = seq.promptTokens - seq.cachedTokens;
-        seq.load(missing, seq).then(
+        seq.load(missing, seq, t).then(
           (r) => {
             if (seq.state !== 'loading') return;
             this.loading.delete(seq);
             seq.loadMs = r.ms;
-            seq.loadedAt = this.o.clock.now();
+            seq.loadedAt = Number.isFinite(r.at) ? /** @type {number} */ (r.at) : this.o.clock.now();
             memory.markReady(alloc);
             // vLLM recomputes the prompt's last token on the decode node (the first output token)
             seq.computed = seq.promptTokens - 1;
             seq.pending = 1;
             seq.state = 'running';
             this.running.push(seq);
-            this.kick();
+            this.kick(seq.loadedAt);
           },
           (/** @type {any} */ e) => {
             if (seq.state !== 'loading') return;
@@ -407,7 +412,7 @@ export class EngineCore {
         seq.state = 'loading';
         seq.fetchedUnits = fetch.units - hit;
         this.loading.add(seq);
-        fetch.run().then(
+        fetch.run(t).then(
           (r) => {
             if (seq.state !== 'loading') return;
             this.loading.delete(seq);
@@ -417,7 +422,7 @@ export class EngineCore {
             seq.pending = Math.max(1, seq.promptTokens - have);
             seq.state = 'running';
             this.running.push(seq);
-            this.kick();
+            this.kick(r.at);
           },
           () => {
             // the holder went away: compute it all here

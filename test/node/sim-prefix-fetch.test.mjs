@@ -27,7 +27,7 @@ function pair({ link = 100_000, stallLoadBytesPerMs = 200_000 } = {}) {
       maxNumSeqs: 1024,
       preemption: true,
       stallLoadBytesPerMs,
-      moved: () => fabric.landed(id) + fabric.sent(id),
+      moved: (at) => fabric.landed(id, at) + fabric.sent(id, at),
     });
     return { core: c, memory };
   };
