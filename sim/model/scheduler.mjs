@@ -276,7 +276,7 @@ export class EngineCore {
     for (const s of this.waiting) {
       if (kvBlocked) s.kvBlockedSince ??= Math.max(t, s.arrival);
       else if (s.kvBlockedSince !== undefined) {
-        s.kvWaitMs += t - s.kvBlockedSince;
+        s.kvWaitMs += Math.max(0, t - s.kvBlockedSince);
         s.kvBlockedSince = undefined;
       }
     }
@@ -366,7 +366,7 @@ export class EngineCore {
       memory.touch(seq.hashes.slice(0, hit));
       seq.alloc = alloc;
       if (seq.kvBlockedSince !== undefined) {
-        seq.kvWaitMs += t - seq.kvBlockedSince;
+        seq.kvWaitMs += Math.max(0, t - seq.kvBlockedSince);
         seq.kvBlockedSince = undefined;
       }
       const firstAdmission = Number.isNaN(seq.admittedAt);

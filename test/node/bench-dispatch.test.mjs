@@ -21,7 +21,13 @@ describe('what the dispatch does to a decode node’s KV memory', () => {
   /** @type {Awaited<ReturnType<typeof startSimCluster>>} */
   let cluster;
   beforeAll(async () => {
-    cluster = await startSimCluster({ engines: [{ id: 'p0', role: 'prefill' }, { id: 'd0', role: 'decode' }], defaults: { timeScale: 0.05 } });
+    cluster = await startSimCluster({
+      engines: [
+        { id: 'p0', role: 'prefill' },
+        { id: 'd0', role: 'decode' },
+      ],
+      defaults: { timeScale: 0.05 },
+    });
   });
   afterAll(async () => cluster?.close());
   const eng = (id) => /** @type {any} */ (cluster.engines.get(id));
@@ -38,7 +44,13 @@ describe('what the dispatch does to a decode node’s KV memory', () => {
       'd0',
       {
         ...body,
-        kv_transfer_params: { do_remote_decode: false, do_remote_prefill: true, remote_bootstrap_addr: `http://127.0.0.1:${eng('p0').bootstrapPort}`, remote_engine_id: eng('p0').mooncakeEngineId, transfer_id: 'ff-1' },
+        kv_transfer_params: {
+          do_remote_decode: false,
+          do_remote_prefill: true,
+          remote_bootstrap_addr: `http://127.0.0.1:${eng('p0').bootstrapPort}`,
+          remote_engine_id: eng('p0').mooncakeEngineId,
+          transfer_id: 'ff-1',
+        },
       },
       'ff',
     );
@@ -54,7 +66,16 @@ describe('what the dispatch does to a decode node’s KV memory', () => {
   it('await: the decode node takes no blocks while P prefills, only once P answered', async () => {
     await fetch(`${eng('d0').url}/_sim/reset`, { method: 'POST' });
     const body = { model: 'sim-model', prompt: prompt('aw'), max_tokens: 2 };
-    const p = post('p0', { ...body, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null } }, 'aw');
+    const p = post(
+      'p0',
+      {
+        ...body,
+        max_tokens: 1,
+        stream: false,
+        kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null },
+      },
+      'aw',
+    );
     await until(() => eng('p0').stats().requests.vllmPrefill > 0);
     expect(eng('d0').stats().kvUsagePeak).toBe(0);
     const answer = await (await p).json();
