@@ -159,7 +159,7 @@ const VLLM_DEFAULTS = { blockSize: 16, gpuMemoryUtilization: 0.9, maxNumBatchedT
 
 // The fitted parameters, at most two a seed, each on one named published figure (docs/simulator.md).
 /** seed 000: effective load rate of a stalled step loop, share of HBM bandwidth; fit: P affinity ITL p99 49.2 ms */
-export const SEED000_STALL_LOAD_SHARE = 0.004;
+export const SEED000_STALL_LOAD_SHARE = 0.005;
 /** seed 002: achieved share of peak FLOPs in prefill; fit: colocated cache-aware TTFT p50 0.731 s */
 export const SEED002_MFU = 1.3;
 /** seed 002: fixed cost of an eager-mode step, ms; fit: PD 4P+4D TPOT p90 74 ms */
