@@ -17,6 +17,7 @@ const SCENARIOS = {
   'do-capacity': () => import('./scenarios/do-capacity.mjs').then((m) => m.runDoCapacity),
   abandoned: () => import('./scenarios/abandoned.mjs').then((m) => m.runAbandoned),
   'handle-retry': () => import('./scenarios/handle-retry.mjs').then((m) => m.runHandleRetry),
+  seeds: () => import('./scenarios/seeds.mjs').then((m) => m.runSeeds),
 };
 
 const USAGE = `usage: npm run bench -- <scenario> [options]
@@ -32,6 +33,9 @@ scenarios:
   do-capacity routed requests/s one ClusterState object sustains (route + finish), 8/64/512 nodes
   abandoned   prefill blocks held by requests whose client left after P answered: today (no release) vs the router
   handle-retry simulated TTFT of a D retry: re-run P for a fresh handle vs the plain body to D
+  seeds       the scorecard: every published comparison of the seeds (25) against the headline runs in
+              bench/results/ (multiturn, agentic, agentic-ablation, agentic-breakdown); writes
+              bench/results/seeds.json and the table of docs/benchmark-seeds.md; runs nothing itself
   chart       --json PATH: re-draw the SVG of an earlier run
 
 common options:
@@ -43,7 +47,7 @@ common options:
   --src COMMIT         build the Worker from a commit (e.g. HEAD) instead of the working tree
 multiturn:  --conversations 60 --turns 5 --first-turn-tokens 8192 --turn-tokens 2048 --output-tokens 128
             --config round_robin,p_affinity,pd_affinity,cache_aware,pd_affinity_conditional,isolation_1p1d --quick
-agentic:    --requests 1000 --sessions-per-s 1 --seed 30 --config NAME,... --configs FILE --quick
+agentic:    --requests 1000 --max-inflight-sessions 8 --sessions-per-s 1 --seed 36 --config NAME,... --configs FILE --quick
             --parallel N (configurations at once, each in its own process)
 both:       --preset seed000|seed002|default --engine key=value,... (engine options over the preset)
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
@@ -79,9 +83,9 @@ if (!scenario || options.help || !(scenario in SCENARIOS)) {
 const started = performance.now();
 try {
   const run = await SCENARIOS[/** @type {keyof typeof SCENARIOS} */ (scenario)]();
-  const { report, table, chart } = await run(options);
+  const { report, table, chart, defaultJson } = /** @type {{ report: any, table: string, chart: any, defaultJson?: string }} */ (await run(options));
   const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-  const jsonPath = stringOption(options, 'json') ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
+  const jsonPath = stringOption(options, 'json') ?? defaultJson ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
   const seconds = Math.round((performance.now() - started) / 100) / 10;
   const written = writeReport(
     jsonPath,

@@ -99,6 +99,12 @@ export { sendJson };
  * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number, digest?: string, aborted?: boolean }} RoomEntry
  */
 
+/**
+ * Seed 000's mesh fetches a held prefix only when it saves at least this many 512-token units
+ * (assumed: a decode node that cached its answer holds a unit or so more than the P that
+ * prefilled the prompt; seed 000's P+D affinity, whose conversations stay on their P, fetched once)
+ */
+const PREFIX_FETCH_MIN_UNITS = 2;
 const MAX_LOG = 500;
 const MAX_REMEMBERED = 10000;
 /** per-request figures kept per engine (keyed by x-request-id), oldest dropped first */
@@ -180,6 +186,9 @@ function emptyStats() {
     suffixPulls: 0,
     blocksPulled: 0,
     selfPrefills: 0,
+    /** P legs that fetched a held prefix from another engine (presets with prefixMesh) */
+    prefixFetches: 0,
+    prefixFetchedUnits: 0,
     protocolViolations: 0,
     /** @type {string[]} the last 50 violations, explained */
     violations: [],
@@ -314,6 +323,8 @@ export async function startEngine(options) {
     'transferInterferenceMs',
     'linkGbps',
     'ingestHbmShare',
+    'stallLoadShare',
+    'prefixMesh',
   ]) {
     if (/** @type {any} */ (options)[k] !== undefined) modelOverrides[k] = /** @type {any} */ (options)[k];
   }
@@ -327,8 +338,8 @@ export async function startEngine(options) {
     maxNumBatchedTokens: figures.maxNumBatchedTokens,
     maxNumSeqs: figures.maxNumSeqs,
     preemption: figures.preemption,
-    ingestBytesPerMs: figures.ingestBytesPerMs,
-    landed: () => time.fabric.landed(id),
+    stallLoadBytesPerMs: figures.stallLoadBytesPerMs,
+    moved: (at) => time.fabric.landed(id, at) + time.fabric.sent(id, at),
   });
   const registerLink = () => {
     time.fabric.configure(figures.fabric);
@@ -359,7 +370,7 @@ export async function startEngine(options) {
         maxNumBatchedTokens: figures.maxNumBatchedTokens,
         maxNumSeqs: figures.maxNumSeqs,
         preemption: figures.preemption,
-        ingestBytesPerMs: figures.ingestBytesPerMs,
+        stallLoadBytesPerMs: figures.stallLoadBytesPerMs,
       });
       registerLink();
     }
@@ -496,15 +507,17 @@ export async function startEngine(options) {
       promptTokens: tokens,
       maxTokens,
       hold,
+      fetchPrefix: seqKind === 'prefill' && figures.prefixMesh ? (local) => prefixFetch(hashes, local, rec) : undefined,
       load:
         seqKind === 'remote'
-          ? async (missing, s) => {
+          ? async (missing, s, at) => {
               const from = awaitSource ? await awaitSource() : (source ?? '');
               if (awaitSource) {
                 const misses = countLocalityMisses(hashes.slice(s.hitUnits), from);
                 if (rec) Object.assign(rec, { localityMissBlocks: misses, remoteEngineId: from });
               }
-              const r = await time.fabric.transfer(from, id, missing * figures.kvBytesPerToken);
+              // a pull that waited for its P starts when P is there (now), else at the admitting step
+              const r = await time.fabric.transfer(from, id, missing * figures.kvBytesPerToken, awaitSource ? undefined : at);
               if (rec) Object.assign(rec, { transferMs: r.ms, transferBytes: r.bytes, crossGroup: r.crossGroup });
               return r;
             }
@@ -532,6 +545,47 @@ export async function startEngine(options) {
       },
     });
     return core.submit(seq);
+  }
+
+  /**
+   * Seed 000's KV mesh: where another running engine (a P, or even a D) holds a longer prefix of
+   * this prompt than this P does, fetch those units from it over the fabric instead of computing
+   * them. The holder with the longest prefix serves (at equal length the one sending least, then a
+   * P); its NIC
+   * egress is shared with its other transfers and its step loop stalls while the bytes leave it
+   * (sim/model/fabric.mjs), as this P's does while they land.
+   * @param {string[]} hashes @param {number} local units this P holds @param {Partial<RequestStats>} [rec]
+   * @returns {import('./model/scheduler.mjs').PrefixFetch | undefined}
+   */
+  function prefixFetch(hashes, local, rec) {
+    /** @type {Engine | undefined} */
+    let holder;
+    let units = local;
+    // among the holders of the longest prefix, the one whose NIC sends least now (a P's egress
+    // carries the KV its decode nodes pull), then a P before a D
+    const busy = (/** @type {Engine} */ e) => time.fabric.outgoing(e.id) * 2 + (e.role === 'prefill' ? 0 : 1);
+    for (const other of registry.engines.values()) {
+      if (other === engine || !other.running) continue;
+      const m = other.cache.peekMatch(hashes);
+      if (m > units || (holder && m === units && busy(other) < busy(holder))) {
+        units = m;
+        holder = other;
+      }
+    }
+    // a prefix longer by less than PREFIX_FETCH_MIN_UNITS (the answer a decode node cached after
+    // the prompt) is computed, not fetched
+    if (!holder || units - local < PREFIX_FETCH_MIN_UNITS) return undefined;
+    const from = holder.id;
+    return {
+      units,
+      run: async (at) => {
+        const r = await time.fabric.transfer(from, id, (units - local) * blockTokens * figures.kvBytesPerToken, at);
+        stats.prefixFetches++;
+        stats.prefixFetchedUnits += units - local;
+        if (rec) Object.assign(rec, { prefixFetchFrom: from, prefixFetchedUnits: units - local, prefixFetchMs: r.ms });
+        return r;
+      },
+    };
   }
 
   /**
@@ -649,6 +703,12 @@ export async function startEngine(options) {
         res.write(data);
       }
     }
+    // vLLM caches the full blocks of what it generated too (v1 KVCacheManager.cache_blocks over
+    // every computed token): a chat's next turn repeats the answer after the prompt, so the node
+    // that decoded it holds a longer prefix than the one that only prefilled it
+    if (gen.recordLatency && chat && typeof ctx.promptText === 'string' && choicesN === 1) {
+      memory.insertReady(chainedBlockHashes(`${ctx.promptText}\nassistant: ${texts[0].join('')}`, blockTokens * charsPerToken));
+    }
     // TTFT as the engines account it: the P's queue and prefill, then this engine's wait, KV pull
     // and first step (the router's own time between the legs is not in it)
     const usage = typeof gen.usage === 'function' ? gen.usage() : gen.usage;
@@ -720,7 +780,7 @@ export async function startEngine(options) {
   }
 
   /**
-   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, samples?: number, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void }} Ctx
+   * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, samples?: number, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void, promptText?: string }} Ctx
    */
 
   /** @param {string | number[]} q */
@@ -902,6 +962,7 @@ export async function startEngine(options) {
     if (!prompt) return rejectBeforeAdmission(400, ctx.chat ? 'messages is required' : 'prompt is required');
     const prompts = promptsOf(body, ctx.chat);
     const digest = promptDigest(prompt);
+    ctx.promptText = typeof prompt === 'string' ? prompt : undefined;
     ctx.model = typeof body.model === 'string' ? body.model : models[0];
     ctx.stream = body.stream === true;
     ctx.includeUsage = ctx.stream && body.stream_options?.include_usage === true;

@@ -23,6 +23,8 @@ const GiB = 2 ** 30;
  * @property {number} headDim
  * @property {number} totalParams
  * @property {number} activeParams parameters a token runs through (all of a dense model)
+ * @property {number} embeddingParams input embedding and LM head (vocab x hidden, twice when untied):
+ *   a lookup and one logits row a sequence, not per-token matmuls of a prefill, so left out of its FLOPs
  * @property {number} expertParams parameters in MoE experts (0: dense)
  * @property {number} experts experts a MoE layer has
  * @property {number} expertsPerToken
@@ -43,7 +45,11 @@ const GiB = 2 ** 30;
  * @property {number} maxNumBatchedTokens
  * @property {number} maxNumSeqs
  * @property {boolean} preemption
- * @property {number} ingestHbmShare landing KV at this share of the HBM bandwidth doubles a step (calibrated)
+ * @property {number} stallLoadShare the effective load rate of a step loop that stalls while KV moves
+ *   in or out of the engine (landing a pull, serving a fetch), as a share of HBM bandwidth: a step
+ *   lengthens by bytes moved / (share x bandwidth) (fitted, seed 000)
+ * @property {boolean} prefixMesh a P fetches the prefix another engine holds instead of computing it
+ *   (seed 000's content-addressed KV mesh; vLLM's P does not)
  * @property {import('./model/fabric.mjs').FabricSettings} fabric
  * @property {string} notes
  */
@@ -94,6 +100,7 @@ export const MODELS = {
     headDim: 128,
     totalParams: 7.5e9,
     activeParams: 7.5e9,
+    embeddingParams: 0,
     expertParams: 0,
     experts: 0,
     expertsPerToken: 0,
@@ -102,7 +109,9 @@ export const MODELS = {
     source: 'round figures chosen for the tests',
   },
   // Qwen/Qwen3-14B config.json: num_hidden_layers 40, num_attention_heads 40,
-  // num_key_value_heads 8, head_dim 128; model card: 14.8 B parameters. BF16 KV: 2 x 40 x 8 x 128 x 2 B = 160 KiB a token.
+  // num_key_value_heads 8, head_dim 128, hidden_size 5120, vocab_size 151936, tie_word_embeddings
+  // false (embeddings 2 x 151936 x 5120 = 1.56 B); model card: 14.8 B parameters. BF16 KV:
+  // 2 x 40 x 8 x 128 x 2 B = 160 KiB a token.
   'qwen3-14b': {
     name: 'Qwen/Qwen3-14B',
     layers: 40,
@@ -111,6 +120,7 @@ export const MODELS = {
     headDim: 128,
     totalParams: 14.8e9,
     activeParams: 14.8e9,
+    embeddingParams: 2 * 151936 * 5120,
     expertParams: 0,
     experts: 0,
     expertsPerToken: 0,
@@ -120,7 +130,8 @@ export const MODELS = {
   },
   // Qwen/Qwen3-Coder-30B-A3B-Instruct config.json: num_hidden_layers 48, num_attention_heads 32,
   // num_key_value_heads 4, head_dim 128, hidden_size 2048, moe_intermediate_size 768, num_experts
-  // 128, num_experts_per_tok 8; model card: 30.5 B total, 3.3 B activated. Experts hold
+  // 128, num_experts_per_tok 8, vocab_size 151936, tie_word_embeddings false (embeddings
+  // 2 x 151936 x 2048 = 0.62 B); model card: 30.5 B total, 3.3 B activated. Experts hold
   // 3 x 2048 x 768 x 128 x 48 = 29.0 B parameters. BF16 KV: 2 x 48 x 4 x 128 x 2 B = 96 KiB a token.
   'qwen3-coder-30b-a3b': {
     name: 'Qwen/Qwen3-Coder-30B-A3B-Instruct',
@@ -130,6 +141,7 @@ export const MODELS = {
     headDim: 128,
     totalParams: 30.5e9,
     activeParams: 3.3e9,
+    embeddingParams: 2 * 151936 * 2048,
     expertParams: 3 * 2048 * 768 * 128 * 48,
     experts: 128,
     expertsPerToken: 8,
@@ -145,6 +157,14 @@ export const MODELS = {
 // (vllm/engine/arg_utils.py get_batch_defaults); preemption by recompute (v1 scheduler).
 const VLLM_DEFAULTS = { blockSize: 16, gpuMemoryUtilization: 0.9, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true };
 
+// The fitted parameters, at most two a seed, each on one named published figure (docs/simulator.md).
+/** seed 000: effective load rate of a stalled step loop, share of HBM bandwidth; fit: P affinity ITL p99 49.2 ms */
+export const SEED000_STALL_LOAD_SHARE = 0.005;
+/** seed 002: achieved share of peak FLOPs in prefill; fit: colocated cache-aware TTFT p50 0.731 s */
+export const SEED002_MFU = 1.3;
+/** seed 002: fixed cost of an eager-mode step, ms; fit: PD 4P+4D TPOT p90 74 ms */
+export const SEED002_STEP_OVERHEAD_MS = 63.5;
+
 /** @type {Record<string, Preset>} */
 export const PRESETS = {
   default: {
@@ -157,7 +177,8 @@ export const PRESETS = {
     ...VLLM_DEFAULTS,
     nonKvReserveBytes: 0,
     // landing one 512-token block costs 5 ms of step time, as long as its transfer takes
-    ingestHbmShare: (512 * 131072) / 0.005 / 1e12,
+    stallLoadShare: (512 * 131072) / 0.005 / 1e12,
+    prefixMesh: false,
     fabric: { ...DEFAULT_FABRIC },
     notes: 'test fixture: round figures, memory sized by cacheBlocks',
   },
@@ -172,27 +193,35 @@ export const PRESETS = {
     perSeqMs: 0,
     ...VLLM_DEFAULTS,
     nonKvReserveBytes: 4 * GiB,
-    // calibrated: round-robin's ITL p99 (85.2 ms, seed 000); see docs/simulator.md
-    ingestHbmShare: 0.0025,
+    // FITTED on P affinity's ITL p99 (49.2 ms, seed 000); see docs/simulator.md
+    stallLoadShare: SEED000_STALL_LOAD_SHARE,
+    // seed 000's engines (OpenInfer) share a content-addressed KV mesh: P fetches held prefixes
+    prefixMesh: true,
     // assumed: a transfer's handshake and completion notification
     fabric: { setupMs: 1, crossGroupShare: 0.5, crossGroupLatencyMs: 2 },
-    notes: 'seed 000: 2P+2D, H200, 400G IB per GPU, Qwen3-14B bf16',
+    notes: 'seed 000: 2P+2D, H200, 400G IB per GPU, Qwen3-14B bf16, OpenInfer engines with a KV mesh',
   },
   seed002: {
     hardware: 'h20',
     model: 'qwen3-coder-30b-a3b',
-    // assumed, as for seed 000: a prefill reaches about half the dense peak
-    mfu: 0.5,
-    // seed 000's calibration (the same software stack)
+    // FITTED on colocated cache-aware TTFT p50 (0.731 s, seed 002): the prefill rate as a share of
+    // the dense peak. 1.3 is above what an H20 can do: the fit absorbs a difference between the
+    // study's replay and ours (docs/simulator.md, docs/benchmark-seeds.md)
+    mfu: SEED002_MFU,
+    // seed 000's calibration (memory-bound reads are the hardware's, not the software's)
     mbu: 0.55,
-    stepOverheadMs: 2,
+    // FITTED on PD 4P+4D TPOT p90 (74 ms, seed 002): vLLM 0.18.1 --enforce-eager launches every
+    // kernel of every layer each step (no CUDA graphs), which dominates a small MoE's decode step
+    stepOverheadMs: SEED002_STEP_OVERHEAD_MS,
     perSeqMs: 0,
     ...VLLM_DEFAULTS,
     nonKvReserveBytes: 4 * GiB,
-    // seed 000's calibration, as a share of this GPU's HBM bandwidth
-    ingestHbmShare: 0.0025,
+    // seed 000's fit, as a share of this GPU's HBM bandwidth (predicted, not fitted here)
+    stallLoadShare: SEED000_STALL_LOAD_SHARE,
+    // vLLM + Mooncake: a P computes what it does not hold itself
+    prefixMesh: false,
     fabric: { setupMs: 1, crossGroupShare: 0.5, crossGroupLatencyMs: 2 },
-    notes: 'seed 002: 8 x H20 96 GB, 4 x 200 Gb/s, vLLM + Mooncake, Qwen3-Coder-30B-A3B',
+    notes: 'seed 002: 8 x H20 96 GB, 4 x 200 Gb/s, vLLM 0.18.1 --enforce-eager + Mooncake, Qwen3-Coder-30B-A3B',
   },
 };
 
@@ -218,7 +247,9 @@ export const PRESETS = {
  * @property {number} [ingestMsPerBlock] step time a landed 512-token block costs the receiver (0: none)
  * @property {number} [transferInterferenceMs] legacy: 0 turns the receiving cost off
  * @property {number} [linkGbps] NIC Gb/s a direction
- * @property {number} [ingestHbmShare]
+ * @property {number} [stallLoadShare]
+ * @property {number} [ingestHbmShare] legacy name of stallLoadShare
+ * @property {boolean} [prefixMesh]
  */
 
 /**
@@ -236,7 +267,7 @@ export function resolveModel(o = {}) {
   const kvBytesPerToken = 2 * m.layers * m.kvHeads * m.headDim * m.kvBytesPerElement;
   const expertWeightBytes = m.expertParams * m.weightBytesPerParam;
   const denseWeightBytes = (m.totalParams - m.expertParams) * m.weightBytesPerParam;
-  const linearFlopsPerToken = 2 * m.activeParams;
+  const linearFlopsPerToken = 2 * (m.activeParams - m.embeddingParams);
   let flopsPerMs = (hw.peakFlops * (o.mfu ?? preset.mfu)) / 1000;
   let bytesPerMs = (hw.hbmBytesPerS * (o.mbu ?? preset.mbu)) / 1000;
   if (o.prefillMsPerToken !== undefined) flopsPerMs = o.prefillMsPerToken > 0 ? linearFlopsPerToken / o.prefillMsPerToken : Infinity;
@@ -245,9 +276,9 @@ export function resolveModel(o = {}) {
   let linkBytesPerMs = hw.linkBytesPerS / 1000;
   if (o.linkGbps !== undefined) linkBytesPerMs = o.linkGbps > 0 ? (o.linkGbps * 1e9) / 8 / 1000 : Infinity;
   if (o.transferMsPerBlock !== undefined) linkBytesPerMs = o.transferMsPerBlock > 0 ? blockBytes / o.transferMsPerBlock : Infinity;
-  let ingestBytesPerMs = ((o.ingestHbmShare ?? preset.ingestHbmShare) * hw.hbmBytesPerS) / 1000;
-  if (o.ingestMsPerBlock !== undefined) ingestBytesPerMs = o.ingestMsPerBlock > 0 ? blockBytes / o.ingestMsPerBlock : Infinity;
-  if (o.transferInterferenceMs === 0) ingestBytesPerMs = Infinity;
+  let stallLoadBytesPerMs = ((o.stallLoadShare ?? o.ingestHbmShare ?? preset.stallLoadShare) * hw.hbmBytesPerS) / 1000;
+  if (o.ingestMsPerBlock !== undefined) stallLoadBytesPerMs = o.ingestMsPerBlock > 0 ? blockBytes / o.ingestMsPerBlock : Infinity;
+  if (o.transferInterferenceMs === 0) stallLoadBytesPerMs = Infinity;
   // KV capacity: what vLLM's profiling leaves for the cache, unless set outright
   let numGpuBlocks = Math.floor((hw.hbmBytes * preset.gpuMemoryUtilization - m.totalParams * m.weightBytesPerParam - preset.nonKvReserveBytes) / (kvBytesPerToken * blockSize));
   if (presetName === 'default' || o.cacheBlocks !== undefined) numGpuBlocks = Math.floor(((o.cacheBlocks ?? 5000) * unitTokens) / blockSize);
@@ -280,7 +311,8 @@ export function resolveModel(o = {}) {
     maxNumSeqs: o.maxNumSeqs ?? preset.maxNumSeqs,
     preemption: o.preemption ?? preset.preemption,
     linkBytesPerMs,
-    ingestBytesPerMs,
+    stallLoadBytesPerMs,
+    prefixMesh: o.prefixMesh ?? preset.prefixMesh,
     fabric: preset.fabric,
   };
 }

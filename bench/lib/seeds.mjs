@@ -22,10 +22,10 @@ export const SEED000 = {
 export const SEED002 = {
   workload: 'agentic: avg input 33.6k tokens (p50 20k, p90 88k), output avg 445 (p50 80), 90% single-turn sessions, 71% infinite-cache ceiling',
   configs: {
-    'colocated-8/cache_aware': { ttftP50Ms: 731, tpotP90Ms: 73, hitRatio: 0.447 },
-    'colocated-8/round_robin': { ttftP50Ms: 1836, tpotP90Ms: 86, hitRatio: 0.208 },
-    'pd-4p4d/cache_aware': { ttftP50Ms: 1261, hitRatio: 0.402 },
-    'pd-6p2d/cache_aware': { ttftP50Ms: 1481, decodeKvPeak: 0.971, kvWaitShare: 0.877 },
+    'colocated-8/cache_aware': { ttftP50Ms: 731, tpotP90Ms: 73, e2eP50Ms: 4480, hitRatio: 0.447 },
+    'colocated-8/round_robin': { ttftP50Ms: 1836, tpotP90Ms: 86, e2eP50Ms: 6670, hitRatio: 0.208 },
+    'pd-4p4d/cache_aware': { ttftP50Ms: 1261, tpotP90Ms: 74, e2eP50Ms: 5610, hitRatio: 0.402 },
+    'pd-6p2d/cache_aware': { ttftP50Ms: 1481, tpotP90Ms: 77, decodeKvPeak: 0.971, kvWaitShare: 0.877 },
   },
 };
 

@@ -27,7 +27,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import http from 'node:http';
 import { engineOverrides, numberOption, stringOption } from '../lib/args.mjs';
-import { AGENTIC_SEED, agenticProfile, agenticTrace } from '../lib/agentic-trace.mjs';
+import { AGENTIC_SEED, PUBLISHED_HIT_BUCKETS, agenticProfile, agenticTrace, hitBuckets } from '../lib/agentic-trace.mjs';
 import { onShutdown, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
@@ -70,11 +70,17 @@ export function agenticConfig(options) {
   return {
     requests: numberOption(options, 'requests', quick ? 200 : 1000),
     seed: numberOption(options, 'seed', AGENTIC_SEED),
-    // sessions a simulated second; calibrated (docs/simulator.md)
+    // sessions a simulated second arrive (a Poisson process); with the cap below the replay is a
+    // closed loop and this only has to be fast enough for the cap to bind
     sessionsPerS: numberOption(options, 'sessions-per-s', 1),
-    timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.05),
-    // configurations run at once (each its own engines, clock and router)
-    parallel: Math.max(1, numberOption(options, 'parallel', 1)),
+    // the study's --max-inflight-sessions 8: a session starts when one of 8 slots is free (0: no cap)
+    maxInflightSessions: numberOption(options, 'max-inflight-sessions', 8),
+    // the headline (no flags): every configuration at once, each 5-7 minutes at 0.04 (the
+    // engines' ~5,000 simulated seconds plus the router's real time between a session's turns;
+    // docs/simulator.md)
+    timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.04),
+    // configurations run at once (each its own engines, clock and router); default: all of them
+    parallel: Math.max(1, numberOption(options, 'parallel', quick ? 1 : 8)),
     preset: stringOption(options, 'preset', 'seed002'),
     configsFile: stringOption(options, 'configs'),
     only: only ? only.split(',').map((s) => s.trim()) : undefined,
@@ -105,7 +111,8 @@ export async function runAgentic(options) {
   const runOne = async (/** @type {AgenticConfig} */ c) => {
     const stack = await startStack({
       engines: enginesOf(c.nodes),
-      defaults: { timeScale: cfg.timeScale, preset: cfg.preset, ...cfg.engine },
+      // every ITL sample kept: a decode node of 6P+2D emits ~250k tokens in a 1,000-request run
+      defaults: { timeScale: cfg.timeScale, preset: cfg.preset, sampleCap: 2_000_000, ...cfg.engine },
       clusterDocument: (started) => ({
         ...file.document,
         protocol: c.protocol,
@@ -118,7 +125,7 @@ export async function runAgentic(options) {
     });
     try {
       const started = performance.now();
-      const outcomes = await replay(stack, trace, cfg.timeScale, c.name);
+      const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions);
       const wallS = (performance.now() - started) / 1000;
       const stats = await stack.stats();
       const perRequest = await stack.requestStats();
@@ -212,12 +219,14 @@ export function edgeQueueMs(header) {
 }
 
 /**
- * Send the trace: each session at its arrival (simulated time), its turns one after the other.
+ * Send the trace: each session at its arrival (simulated time), its turns one after the other;
+ * with `maxInflightSessions` > 0 at most that many sessions at once, the next one starting when a
+ * session ends (the study's closed loop, `--max-inflight-sessions 8`).
  * @param {import('../lib/harness.mjs').Stack} stack
  * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace
- * @param {number} timeScale @param {string} tag
+ * @param {number} timeScale @param {string} tag @param {number} [maxInflightSessions] 0: no cap
  */
-async function replay(stack, trace, timeScale, tag) {
+async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
   const t0 = stack.simNowMs();
   /** wait until the cluster's clock reaches t0 + ms (simulated) */
@@ -263,9 +272,27 @@ async function replay(stack, trace, timeScale, tag) {
       if (error) break; // the session's history is broken from here
     }
   };
-  await Promise.all([...sessions.values()].map(runSession));
+  await inSlots([...sessions.values()], maxInflightSessions, runSession);
   agent.destroy();
   return outcomes;
+}
+
+/**
+ * Run `task` on every item in order, at most `slots` at once (0: all at once); a slot is taken
+ * when an item starts and freed when it ends.
+ * @template T @param {T[]} items @param {number} slots @param {(item: T) => Promise<void>} task
+ */
+export async function inSlots(items, slots, task) {
+  if (!(slots > 0)) {
+    await Promise.all(items.map(task));
+    return;
+  }
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(slots, items.length) }, async () => {
+      while (next < items.length) await task(items[next++]);
+    }),
+  );
 }
 
 /** Legs whose engine computed the prompt: P's, or the node's own (colocated, a decode node prefilling alone). */
@@ -303,6 +330,8 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
   const ttftOf = (/** @type {AgenticOutcome} */ o) => edge(o) + answered.get(o.id).ttftMs;
   const ttft = ok.map(ttftOf);
   const tpot = ok.map((o) => answered.get(o.id).tpotMs).filter(Number.isFinite);
+  // every gap between two tokens the decoding engines emitted (a step that also landed KV or ran a prefill chunk shows here)
+  const itl = decodeSide.flatMap((e) => e.itlMs ?? []);
   const e2e = ok.map((o) => edge(o) + answered.get(o.id).e2eMs);
   const overhead = ok.map((o) => Math.max(0, o.totalMs / timeScale - edge(o) - answered.get(o.id).e2eMs));
   const queued = ok.filter((o) => (o.edgeQueueMs ?? 0) > 0);
@@ -317,9 +346,14 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     policy: String(c.policy.prefill ?? ''),
     disaggregation: /** @type {string} */ (c.policy.disaggregation ?? (c.protocol === 'colocated' ? 'none' : 'always')),
     protocol: c.protocol,
+    // how the decode leg is sent: after P answered (await: the router's vllm protocol, NIXL-style),
+    // or with P at once, D taking its blocks on arrival (fire-and-forget: vllm-mooncake, sglang)
+    dispatch: c.protocol === 'colocated' ? 'colocated' : c.protocol === 'vllm' ? 'await' : 'fire-and-forget',
     ttftP50Ms: round(percentile(ttft, 50), 1),
     ttftP90Ms: round(percentile(ttft, 90), 1),
     tpotP90Ms: round(percentile(tpot, 90), 2),
+    itlP50Ms: round(percentile(itl, 50), 2),
+    itlP99Ms: round(percentile(itl, 99), 2),
     e2eP50Ms: round(percentile(e2e, 50), 1),
     // the prefix hit ratio as the engines count it: tokens found in the cache of the engine that
     // computed each prompt (P, the colocated node, or a decode node prefilling alone)
@@ -331,6 +365,8 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
         ),
       4,
     ),
+    // requests by prefix hit on the engine that computed them (the study's buckets)
+    hitBuckets: hitBuckets(prefillRecs.map((r) => ({ input_length: r.promptTokens, hit: r.cachedTokens ?? 0 }))),
     decodeKvPeak: round(Math.max(...decodeSide.map((e) => e.kvUsagePeak)), 4),
     decodeKvMean: round(mean(decodeSide.map((e) => e.kvUsageMean)), 4),
     kvWaitShare: round(
@@ -354,6 +390,8 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
       4,
     ),
     ttftBreakdown: ttftBreakdown(ok, answered, prefilled, edge),
+    // the decode leg's own part, means in simulated ms: its queue (for KV memory too), the pull
+    decodeLeg: decodeLegMeans(ok.map((o) => answered.get(o.id)).filter((a) => a.leg !== 'colocated')),
     modes,
     decisions,
     admissionRejected: total(metrics, 'pd_router_admission_rejected_total'),
@@ -367,6 +405,12 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     decodeRequests: decodeSide.map((e) => e.requests.total),
     routerOverheadSimP50Ms: round(percentile(overhead, 50), 1),
   };
+}
+
+/** @param {any[]} recs decode legs' records */
+function decodeLegMeans(recs) {
+  const m = (/** @type {(r: any) => number} */ f) => round(mean(recs.map(f).filter(Number.isFinite)), 1);
+  return { queueMs: m((r) => r.queueMs), kvWaitMs: m((r) => r.kvWaitMs), transferMs: m((r) => r.transferMs), ownFirstTokenMs: m((r) => r.decodeFirstTokenMs) };
 }
 
 /**
@@ -436,10 +480,21 @@ export function agenticComparisons(results) {
 
 /** @param {ReturnType<typeof agenticProfile>} p */
 function profileTable(p) {
+  const b = (/** @type {Record<string, { share: number, newTokens: number }>} */ h) =>
+    ['cold', '1-50%', '50-90%', '>90%'].map((k) => `${Math.round(h[k].share * 100)}% (${round(h[k].newTokens / 1000, 1)}k)`).join(' / ');
   return markdownTable(
-    ['trace', 'requests', 'sessions', 'single-turn sessions', 'input mean / p50 / p90', 'output mean / p50', 'infinite-cache ceiling'],
     [
-      ['published (seed 002)', '', '', '90%', '33.6k / 20k / 88k', '445 / 80', 0.71],
+      'trace',
+      'requests',
+      'sessions',
+      'single-turn sessions',
+      'input mean / p50 / p90',
+      'output mean / p50',
+      'hit buckets cold / 1-50% / 50-90% / >90% (new tokens)',
+      'infinite-cache ceiling',
+    ],
+    [
+      ['published (seed 002)', '', '', '90%', '33.6k / 20k / 88k', '445 / 80', b(PUBLISHED_HIT_BUCKETS), '0.71 (whole 2-hour trace)'],
       [
         'ours',
         p.requests,
@@ -447,6 +502,7 @@ function profileTable(p) {
         `${Math.round(p.singleTurnSessionShare * 100)}%`,
         `${round(p.inputMean / 1000, 1)}k / ${round(p.inputP50 / 1000, 1)}k / ${round(p.inputP90 / 1000, 1)}k`,
         `${Math.round(p.outputMean)} / ${p.outputP50}`,
+        b(p.hitBuckets),
         round(p.ceiling, 3),
       ],
     ],
@@ -460,6 +516,7 @@ function agenticTable(results) {
       'config',
       'TTFT p50 / p90 s',
       'TPOT p90 ms',
+      'ITL p50 / p99 ms',
       'E2E p50 s',
       'APC',
       'decode KV peak / mean',
@@ -472,9 +529,10 @@ function agenticTable(results) {
       'wall s',
     ],
     results.map((r) => [
-      r.name,
+      `${r.name} (${r.dispatch})`,
       `${round(r.ttftP50Ms / 1000, 3)} / ${round(r.ttftP90Ms / 1000, 3)}`,
       r.tpotP90Ms,
+      `${r.itlP50Ms} / ${r.itlP99Ms}`,
       round(r.e2eP50Ms / 1000, 2),
       r.hitRatio,
       `${r.decodeKvPeak} / ${r.decodeKvMean}`,

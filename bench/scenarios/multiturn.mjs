@@ -209,6 +209,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   let withPMiss = 0;
   let withDMiss = 0;
   let fullRepullsAfterFirst = 0;
+  let fetchesAfterFirst = 0;
   for (const [id, legs] of Object.entries(perRequest)) {
     // the router's upstream id is the client's x-request-id plus a per-attempt suffix (unique ids, issue 10)
     const m = /turn(\d+)(?:-[0-9a-f]{8}[0-9a-z]{1,2})?$/.exec(id);
@@ -221,6 +222,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     if (dMiss) withDMiss++;
     if (pMiss || dMiss) withMiss++;
     if (list.some((r) => r.role === 'decode' && r.fullRepull)) fullRepullsAfterFirst++;
+    if (list.some((r) => r.role === 'prefill' && (r.prefixFetchedUnits ?? 0) > 0)) fetchesAfterFirst++;
   }
   const ttft = ds.flatMap((e) => e.ttftMs);
   const tpot = ds.flatMap((e) => e.tpotMs);
@@ -263,9 +265,12 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     dLocalityMissBlocks: sum(ds, (e) => e.localityMissBlocks),
     turnsAfterFirst: afterFirst,
     turnsWithLocalityMissAfterFirst: withMiss,
-    // a P leg after the first turn whose prefix another node held: with a shared KV store
-    // (the seed's setup) that is a cross-node prefix fetch; here P recomputes it
-    prefillCrossNodeFetches: withPMiss,
+    // P legs after the first turn that fetched a held prefix from another node (seed 000's KV
+    // mesh, the seed000 preset's prefixMesh); 0 on presets whose P recomputes it
+    prefillCrossNodeFetches: fetchesAfterFirst,
+    // P legs after the first turn whose prefix another node held (fetched or recomputed)
+    pLocalityMissTurns: withPMiss,
+    pFetchedUnits: sum(ps, (e) => e.prefixFetchedUnits ?? 0),
     turnsWithDLocalityMissAfterFirst: withDMiss,
     // every pull that moved a decode node's whole context (the first turn's included)
     decodeFullRepulls: sum(ds, (e) => e.fullRepulls),
@@ -311,6 +316,7 @@ export function multiturnComparisons(results) {
   const out = comparePairs(by, /** @type {any} */ (SEED000.configs), [
     ['round_robin', 'pd_affinity', 'itlP99Ms', 'ITL p99: round-robin / P+D affinity'],
     ['p_affinity', 'pd_affinity', 'itlP99Ms', 'ITL p99: P affinity / P+D affinity'],
+    ['round_robin', 'p_affinity', 'itlP99Ms', 'ITL p99: round-robin / P affinity'],
     ['round_robin', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: round-robin / P+D affinity'],
     ['p_affinity', 'pd_affinity', 'tpotP99Ms', 'TPOT p99: P affinity / P+D affinity'],
     ['pd_affinity', 'round_robin', 'outTokPerS', 'out tok/s: P+D affinity / round-robin'],
@@ -322,11 +328,11 @@ export function multiturnComparisons(results) {
   if (by.round_robin && by.pd_affinity) {
     out.push(
       compareRatio(
-        'D full re-pulls: round-robin / P+D affinity',
+        'D full re-pulls after the first turn: round-robin / P+D affinity',
         counts.decodeFullRepulls.round_robin,
         counts.decodeFullRepulls.pd_affinity,
-        by.round_robin.decodeFullRepulls,
-        by.pd_affinity.decodeFullRepulls,
+        by.round_robin.dFullRepullsAfterFirst,
+        by.pd_affinity.dFullRepullsAfterFirst,
       ),
     );
     out.push(
@@ -335,7 +341,8 @@ export function multiturnComparisons(results) {
         counts.prefillCrossNodeFetches.round_robin,
         counts.prefillCrossNodeFetches.pd_affinity,
         by.round_robin.prefillCrossNodeFetches,
-        Math.max(1, by.pd_affinity.prefillCrossNodeFetches),
+        // a count of 0 stays 0 (the ratio is infinite), not 1
+        by.pd_affinity.prefillCrossNodeFetches,
       ),
     );
   }

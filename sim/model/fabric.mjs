@@ -8,9 +8,11 @@
 // spine's oversubscription) and waits `crossGroupLatencyMs` more before its first byte. Rates are
 // recomputed whenever a transfer starts or ends.
 //
-// The receiving engine pays for what lands on it: the bytes landed during one of its steps
-// lengthen that step by bytes / ingestBytesPerMs (sim/model/scheduler.mjs). That is seed 000's
-// collision of KV transfers with decode steps; its rate is calibrated (docs/simulator.md).
+// Both ends pay for what moves: the bytes landed on an engine and the bytes read out of it during
+// one of its steps lengthen that step by bytes / its effective load rate (sim/model/scheduler.mjs:
+// the step loop stalls while KV moves through its HBM). That is seed 000's collision of KV
+// transfers with decode steps, on the decode node pulling and on the node a prefix is fetched
+// from; the rate is fitted (docs/simulator.md).
 import { SimClock } from './clock.mjs';
 
 /**
@@ -23,8 +25,9 @@ import { SimClock } from './clock.mjs';
  * @property {number} crossGroupShare share (0..1] of the link rate a cross-group transfer gets
  * @property {number} crossGroupLatencyMs extra latency of a cross-group transfer
  *
- * @typedef {{ from: string, to: string, remaining: number, bytes: number, rate: number, crossGroup: boolean, startedAt: number, done: (r: TransferResult) => void }} Transfer
- * @typedef {{ ms: number, bytes: number, crossGroup: boolean }} TransferResult
+ * @typedef {{ from: string, to: string, remaining: number, bytes: number, rate: number, crossGroup: boolean, startedAt: number, doneAt?: number, done: (r: TransferResult) => void }} Transfer
+ * @typedef {{ ms: number, bytes: number, crossGroup: boolean, at: number }} TransferResult
+ *   at: the simulated time the last byte landed (the event's own time, however late it ran)
  */
 
 export const DEFAULT_FABRIC = /** @type {FabricSettings} */ ({ setupMs: 0, crossGroupShare: 1, crossGroupLatencyMs: 0 });
@@ -35,7 +38,7 @@ export class Fabric {
     this.clock = clock;
     /** @type {FabricSettings} */
     this.settings = { ...DEFAULT_FABRIC, ...settings };
-    /** @type {Map<string, LinkSpec & { landed: number, in: number, out: number }>} */
+    /** @type {Map<string, LinkSpec & { landed: number, sent: number, in: number, out: number }>} */
     this.nodes = new Map();
     /** @type {Set<Transfer>} */
     this.active = new Set();
@@ -47,7 +50,7 @@ export class Fabric {
   /** @param {string} id @param {LinkSpec} link */
   register(id, link) {
     const known = this.nodes.get(id);
-    this.nodes.set(id, { landed: known?.landed ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
+    this.nodes.set(id, { landed: known?.landed ?? 0, sent: known?.sent ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
   }
 
   /** @param {Partial<FabricSettings>} settings */
@@ -66,30 +69,53 @@ export class Fabric {
   /**
    * Move `bytes` from `from` to `to`; resolves when the last byte landed.
    * @param {string} from @param {string} to @param {number} bytes
+   * @param {number} [at] the simulated time it starts (the caller's event time; default now): a
+   *   caller whose event the event loop ran late must not start its transfer late
    * @returns {Promise<TransferResult>}
    */
-  transfer(from, to, bytes) {
-    const startedAt = this.clock.now();
+  transfer(from, to, bytes, at) {
+    const now = this.clock.now();
+    const startedAt = at !== undefined && Number.isFinite(at) ? Math.min(at, now) : now;
     const crossGroup = this.crossesGroups(from, to);
     const latency = this.settings.setupMs + (crossGroup ? this.settings.crossGroupLatencyMs : 0);
     return new Promise((resolve) => {
-      const begin = () => {
+      const begin = (/** @type {number} */ when) => {
+        // the links have moved up to lastAdvance: a transfer whose caller ran behind starts there
+        // (its time counts from where it could start, not from the caller's lag)
+        const from0 = Math.max(startedAt, this.lastAdvance - latency);
         /** @type {Transfer} */
-        const t = { from, to, bytes, remaining: Math.max(0, bytes), rate: 0, crossGroup, startedAt, done: resolve };
-        this.#advance(this.clock.now());
+        const t = { from, to, bytes, remaining: Math.max(0, bytes), rate: 0, crossGroup, startedAt: from0, done: resolve };
+        this.#advance(when);
         this.active.add(t);
         this.#count(t, 1);
-        this.#reschedule();
+        this.#reschedule(when);
       };
       if (latency > 0) this.clock.at(startedAt + latency, begin);
-      else begin();
+      else begin(startedAt);
     });
   }
 
-  /** Bytes landed on an engine so far (every transfer into it, counted as they move). @param {string} id */
-  landed(id) {
-    this.#advance(this.clock.now());
+  /**
+   * Bytes landed on an engine so far (every transfer into it, counted as they move).
+   * @param {string} id @param {number} [at] up to this simulated time (the caller's event time; default now)
+   */
+  landed(id, at = this.clock.now()) {
+    this.#advance(at);
     return this.nodes.get(id)?.landed ?? 0;
+  }
+
+  /**
+   * Bytes read out of an engine so far (every transfer from it, counted as they move).
+   * @param {string} id @param {number} [at] up to this simulated time (default now)
+   */
+  sent(id, at = this.clock.now()) {
+    this.#advance(at);
+    return this.nodes.get(id)?.sent ?? 0;
+  }
+
+  /** Transfers running out of an engine now. @param {string} id */
+  outgoing(id) {
+    return this.nodes.get(id)?.out ?? 0;
   }
 
   /** Transfers running into an engine now. @param {string} id */
@@ -101,7 +127,7 @@ export class Fabric {
     this.next?.cancel();
     this.next = undefined;
     this.active.clear();
-    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, in: 0, out: 0 });
+    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, sent: 0, in: 0, out: 0 });
   }
 
   /** @param {Transfer} t @param {number} d */
@@ -115,13 +141,19 @@ export class Fabric {
   /** Move every active transfer forward to `now` at its current rate. @param {number} now */
   #advance(now) {
     const dt = now - this.lastAdvance;
+    const since = this.lastAdvance;
     this.lastAdvance = Math.max(this.lastAdvance, now);
     if (!(dt > 0)) return;
     for (const t of this.active) {
+      // a transfer that ends within this advance ends when its last byte lands, whoever advanced
+      // the links past it (another engine's step may run ahead of this transfer's receiver)
+      if (t.doneAt === undefined && t.rate > 0 && t.rate * dt >= t.remaining) t.doneAt = since + t.remaining / t.rate;
       const moved = Math.min(t.remaining, t.rate * dt);
       t.remaining -= moved;
       const to = this.nodes.get(t.to);
       if (to) to.landed += moved;
+      const from = this.nodes.get(t.from);
+      if (from) from.sent += moved;
     }
   }
 
@@ -135,8 +167,10 @@ export class Fabric {
     }
   }
 
-  /** @param {number} [now] */
-  #reschedule(now = this.clock.now()) {
+  /** @param {number} [at] */
+  #reschedule(at = this.clock.now()) {
+    // the transfers have moved up to lastAdvance: plan from there when an event ran behind it
+    const now = Math.max(at, this.lastAdvance);
     this.next?.cancel();
     this.next = undefined;
     // finish what is done (or instantaneous), then plan the next completion
@@ -163,8 +197,11 @@ export class Fabric {
     if (!this.active.delete(t)) return;
     const to = this.nodes.get(t.to);
     if (to && t.remaining > 0) to.landed += t.remaining;
+    const from = this.nodes.get(t.from);
+    if (from && t.remaining > 0) from.sent += t.remaining;
     t.remaining = 0;
     this.#count(t, -1);
-    t.done({ ms: now - t.startedAt, bytes: t.bytes, crossGroup: t.crossGroup });
+    const end = t.doneAt !== undefined ? Math.min(now, t.doneAt) : now;
+    t.done({ ms: end - t.startedAt, bytes: t.bytes, crossGroup: t.crossGroup, at: end });
   }
 }

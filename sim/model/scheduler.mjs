@@ -6,6 +6,10 @@
 // admission (FCFS: nothing overtakes it). When a running request cannot grow by a block, the most
 // recently admitted one is preempted (its blocks freed, recomputed later), as vLLM does.
 //
+// A P leg may also fetch the part of its prefix another engine holds instead of computing it
+// (seed 000's content-addressed KV mesh: `fetchPrefix`): it takes its blocks, pulls the held
+// units over the fabric, then prefills the rest.
+//
 // Three kinds of request:
 // - `local`: prefilled here (chunked, sharing steps with the decodes), then decoded here
 //   (colocated serving; a vLLM decode node given no kv_transfer_params).
@@ -17,12 +21,15 @@
 //   vLLM's WAITING_FOR_REMOTE_KVS requests do.
 //
 // Time is the cluster's simulated clock. A step's length comes from sim/model/step-time.mjs,
-// plus the time it loses to KV landing on this engine meanwhile (sim/model/fabric.mjs).
+// plus the time the step loop stalls while KV moves in or out of this engine meanwhile
+// (sim/model/fabric.mjs): bytes moved / `stallLoadBytesPerMs`, the effective load rate.
 import { stepTime } from './step-time.mjs';
 
 /**
  * @typedef {{ index: number, at: number, stepMs: number }} TokenEvent
  * @typedef {'new' | 'waiting' | 'loading' | 'running' | 'finished' | 'aborted' | 'failed'} SeqState
+ * @typedef {{ units: number, run: (at: number) => Promise<{ ms: number, bytes?: number, at?: number }> }} PrefixFetch
+ *   `units` full prefix units (from the start) another engine holds, `run` moves them here
  */
 
 export class Sequence {
@@ -33,8 +40,11 @@ export class Sequence {
    * @param {number} o.promptTokens
    * @param {number} o.maxTokens tokens to generate (a P leg: 1)
    * @param {boolean} [o.hold] keep the blocks when finished (released by releaseHeld())
-   * @param {(missingTokens: number, seq: Sequence) => Promise<{ ms: number, bytes?: number }>} [o.load] remote: pull the missing KV
+   * @param {(missingTokens: number, seq: Sequence, at: number) => Promise<{ ms: number, bytes?: number, at?: number }>} [o.load] remote: pull the
+   *   missing KV, from simulated time `at` (the admitting step's); resolves with when it landed
    * @param {(seq: Sequence) => void} [o.onAdmit] told once the blocks are taken (the hit is known)
+   * @param {(localUnits: number, seq: Sequence) => PrefixFetch | undefined} [o.fetchPrefix] a P leg:
+   *   where a longer prefix than the local hit is held, fetch it instead of computing it
    */
   constructor(o) {
     this.kind = o.kind;
@@ -44,6 +54,9 @@ export class Sequence {
     this.hold = o.hold === true;
     this.load = o.load;
     this.onAdmit = o.onAdmit;
+    this.fetchPrefix = o.fetchPrefix;
+    /** prefix units fetched from another engine (0: none) */
+    this.fetchedUnits = 0;
     /** @type {SeqState} */
     this.state = 'new';
     this.arrival = NaN;
@@ -128,8 +141,9 @@ export class Sequence {
  * @property {number} maxNumBatchedTokens token budget a step (vLLM max_num_batched_tokens)
  * @property {number} maxNumSeqs running requests at most (vLLM max_num_seqs)
  * @property {boolean} preemption preempt the newest request when a running one cannot grow
- * @property {number} ingestBytesPerMs bytes landing on this engine cost its step 1 ms per this many (Infinity: free)
- * @property {() => number} [landed] bytes landed on this engine so far (the fabric's count)
+ * @property {number} stallLoadBytesPerMs effective load rate: KV moving in or out of this engine
+ *   stalls its step 1 ms per this many bytes (Infinity: free)
+ * @property {(at: number) => number} [moved] bytes landed on and read out of this engine up to simulated time `at` (the fabric's count)
  */
 
 export class EngineCore {
@@ -146,7 +160,7 @@ export class EngineCore {
     this.held = new Set();
     this.stepping = false;
     this.lastEnd = 0;
-    this.landedMark = 0;
+    this.movedMark = 0;
     this.closed = false;
     this.resetStats();
     o.memory.listeners.add(() => {
@@ -197,11 +211,15 @@ export class EngineCore {
     return seq;
   }
 
-  /** Start stepping if idle. */
-  kick() {
+  /**
+   * Start stepping if idle: at `at` (a simulated event's own time) or now. An event the event
+   * loop ran late keeps its time, so a loaded machine's lag does not lengthen the request.
+   * @param {number} [at]
+   */
+  kick(at) {
     if (this.stepping || this.closed) return;
     this.stepping = true;
-    const t = Math.max(this.lastEnd, this.o.clock.now());
+    const t = Math.max(this.lastEnd, at !== undefined && Number.isFinite(at) ? Math.min(at, this.o.clock.now()) : this.o.clock.now());
     this.o.clock.at(t, (at) => this.#step(at));
   }
 
@@ -253,12 +271,12 @@ export class EngineCore {
   /** One step at simulated time t: build the batch, run it, apply it. @param {number} t */
   #step(t) {
     if (this.closed) return;
-    if (t > this.lastEnd + 1e-9) this.landedMark = this.o.landed?.() ?? 0; // idle meanwhile: what landed then cost nothing
+    if (t > this.lastEnd + 1e-9) this.movedMark = this.o.moved?.(t) ?? 0; // idle meanwhile: what moved then cost nothing
     const { items, kvBlocked } = this.#schedule(t);
     for (const s of this.waiting) {
       if (kvBlocked) s.kvBlockedSince ??= Math.max(t, s.arrival);
       else if (s.kvBlockedSince !== undefined) {
-        s.kvWaitMs += t - s.kvBlockedSince;
+        s.kvWaitMs += Math.max(0, t - s.kvBlockedSince);
         s.kvBlockedSince = undefined;
       }
     }
@@ -281,10 +299,11 @@ export class EngineCore {
     }
     const { ms } = stepTime(this.o.cost, batch);
     this.o.clock.at(t + ms, (end) => {
-      // KV that landed here during the step cost it time (the receiving engine's share of a transfer)
-      const landed = this.o.landed?.() ?? 0;
-      const stall = Number.isFinite(this.o.ingestBytesPerMs) && this.o.ingestBytesPerMs > 0 ? (landed - this.landedMark) / this.o.ingestBytesPerMs : 0;
-      this.landedMark = landed;
+      // KV that moved in or out during the step cost it time (each end's share of a transfer)
+      const moved = this.o.moved?.(end) ?? 0;
+      const rate = this.o.stallLoadBytesPerMs;
+      const stall = Number.isFinite(rate) && rate > 0 ? (moved - this.movedMark) / rate : 0;
+      this.movedMark = moved;
       if (stall > 1e-9) {
         this.stats.stallMs += stall;
         this.o.clock.at(end + stall, (end2) => this.#finishStep(t, end2, items));
@@ -347,7 +366,7 @@ export class EngineCore {
       memory.touch(seq.hashes.slice(0, hit));
       seq.alloc = alloc;
       if (seq.kvBlockedSince !== undefined) {
-        seq.kvWaitMs += t - seq.kvBlockedSince;
+        seq.kvWaitMs += Math.max(0, t - seq.kvBlockedSince);
         seq.kvBlockedSince = undefined;
       }
       const firstAdmission = Number.isNaN(seq.admittedAt);
@@ -362,19 +381,19 @@ export class EngineCore {
         seq.state = 'loading';
         this.loading.add(seq);
         const missing = seq.promptTokens - seq.cachedTokens;
-        seq.load(missing, seq).then(
+        seq.load(missing, seq, t).then(
           (r) => {
             if (seq.state !== 'loading') return;
             this.loading.delete(seq);
             seq.loadMs = r.ms;
-            seq.loadedAt = this.o.clock.now();
+            seq.loadedAt = Number.isFinite(r.at) ? /** @type {number} */ (r.at) : this.o.clock.now();
             memory.markReady(alloc);
             // vLLM recomputes the prompt's last token on the decode node (the first output token)
             seq.computed = seq.promptTokens - 1;
             seq.pending = 1;
             seq.state = 'running';
             this.running.push(seq);
-            this.kick();
+            this.kick(seq.loadedAt);
           },
           (/** @type {any} */ e) => {
             if (seq.state !== 'loading') return;
@@ -383,6 +402,38 @@ export class EngineCore {
             seq.errorStatus = typeof e?.status === 'number' ? e.status : undefined;
             memory.release(alloc);
             seq.end('failed');
+          },
+        );
+        continue;
+      }
+      // a P leg whose longer prefix another engine holds: fetch those units, then prefill the rest
+      const fetch = firstAdmission && seq.fetchPrefix ? seq.fetchPrefix(hit, seq) : undefined;
+      if (fetch && fetch.units > hit) {
+        seq.state = 'loading';
+        seq.fetchedUnits = fetch.units - hit;
+        this.loading.add(seq);
+        fetch.run(t).then(
+          (r) => {
+            if (seq.state !== 'loading') return;
+            this.loading.delete(seq);
+            seq.loadMs = r.ms;
+            const have = Math.min(seq.promptTokens - 1, fetch.units * memory.unitTokens);
+            seq.computed = have;
+            seq.pending = Math.max(1, seq.promptTokens - have);
+            seq.state = 'running';
+            this.running.push(seq);
+            this.kick(r.at);
+          },
+          () => {
+            // the holder went away: compute it all here
+            if (seq.state !== 'loading') return;
+            this.loading.delete(seq);
+            seq.fetchedUnits = 0;
+            seq.computed = cached;
+            seq.pending = Math.max(1, seq.promptTokens - cached);
+            seq.state = 'running';
+            this.running.push(seq);
+            this.kick();
           },
         );
         continue;

@@ -24,7 +24,7 @@ describe('engine step loop behind a late event loop', () => {
     const clock = new SimClock(0.05);
     const figures = resolveModel({ preset: 'default', cacheBlocks: 5000 });
     const memory = new KvMemory({ numBlocks: 100000, blockSize: 16, unitTokens: 512 });
-    const core = new EngineCore({ clock, memory, cost: figures.cost, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true, ingestBytesPerMs: Infinity });
+    const core = new EngineCore({ clock, memory, cost: figures.cost, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true, stallLoadBytesPerMs: Infinity });
     try {
       const decoding = core.submit(new Sequence({ kind: 'local', hashes: [], promptTokens: 100, maxTokens: 400 }));
       await decoding.next();
@@ -47,7 +47,7 @@ describe('engine step loop behind a late event loop', () => {
     const clock = new SimClock(0.05);
     const figures = resolveModel({ preset: 'default', cacheBlocks: 5000 });
     const memory = new KvMemory({ numBlocks: 100000, blockSize: 16, unitTokens: 512 });
-    const core = new EngineCore({ clock, memory, cost: figures.cost, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true, ingestBytesPerMs: Infinity });
+    const core = new EngineCore({ clock, memory, cost: figures.cost, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true, stallLoadBytesPerMs: Infinity });
     try {
       const first = core.submit(new Sequence({ kind: 'local', hashes: [], promptTokens: 100, maxTokens: 50 }));
       await first.next();

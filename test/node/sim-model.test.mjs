@@ -129,14 +129,23 @@ describe('step time (roofline)', () => {
 });
 
 /** An engine core on a discrete-event clock, with its link on a fabric. */
-function rig({ numBlocks = 100000, ingestBytesPerMs = Infinity, maxNumBatchedTokens = 8192, preset = 'default', link = Infinity } = {}) {
+function rig({ numBlocks = 100000, stallLoadBytesPerMs = Infinity, maxNumBatchedTokens = 8192, preset = 'default', link = Infinity } = {}) {
   const clock = new SimClock(0);
   const fabric = new Fabric(clock);
   const figures = resolveModel({ preset, cacheBlocks: 5000 });
   const memory = new KvMemory({ numBlocks, blockSize: 16, unitTokens: 512 });
   fabric.register('p', { linkBytesPerMs: link });
   fabric.register('d', { linkBytesPerMs: link });
-  const core = new EngineCore({ clock, memory, cost: figures.cost, maxNumBatchedTokens, maxNumSeqs: 1024, preemption: true, ingestBytesPerMs, landed: () => fabric.landed('d') });
+  const core = new EngineCore({
+    clock,
+    memory,
+    cost: figures.cost,
+    maxNumBatchedTokens,
+    maxNumSeqs: 1024,
+    preemption: true,
+    stallLoadBytesPerMs,
+    moved: () => fabric.landed('d') + fabric.sent('d'),
+  });
   const submit = (o) => core.submit(new Sequence({ kind: 'local', hashes: [], maxTokens: 1, ...o }));
   return { clock, fabric, figures, memory, core, submit };
 }
@@ -239,7 +248,7 @@ describe('fabric (KV transfer over the links)', () => {
   });
 
   it('a concurrent transfer into an engine slows its decode step (the collision)', async () => {
-    const r = rig({ link: 100_000, ingestBytesPerMs: 200_000 });
+    const r = rig({ link: 100_000, stallLoadBytesPerMs: 200_000 });
     const decoding = r.submit({ hashes: [], promptTokens: 100, maxTokens: 40 });
     await decoding.next();
     const alone = (await decoding.next()).stepMs;

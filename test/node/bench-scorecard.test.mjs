@@ -1,0 +1,49 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { DOC_BEGIN, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated } from '../../bench/lib/scorecard.mjs';
+import { SEEDS_DOC, SEEDS_JSON } from '../../bench/scenarios/seeds.mjs';
+
+// The seeds' scorecard (issue 22): every published comparison scored on effect size, the counts
+// honest, and docs/benchmark-seeds.md generated from bench/results/seeds.json.
+
+describe('scoring a comparison', () => {
+  it('tolerates ±35% on effect size (ln ours / ln published), not on the raw ratio', () => {
+    // 3.7x published: 2.6x is 0.27 off in effect size (ln 2.6 / ln 3.7), 1.36x is 0.76 off
+    expect(score(3.7, 2.6)).toMatchObject({ direction: true, within: true });
+    expect(score(3.7, 1.36)).toMatchObject({ direction: true, within: false });
+    // a small published effect is not passed by a flat result: 1.18x against 1.02x
+    expect(score(1.18, 1.02)).toMatchObject({ direction: true, within: false });
+    expect(score(1.73, 0.98)).toMatchObject({ direction: false, within: false });
+    // "about the same": ours must be flat too
+    expect(score(1, 1.04)).toMatchObject({ direction: true, within: true, effect: null });
+    expect(score(1, 1.3)).toMatchObject({ direction: false, within: false });
+  });
+
+  it('counts fetches as fetches (0 stays 0) and re-pulls after the first turn', () => {
+    const multiturn = {
+      config: { conversations: 60, turns: 5, concurrency: 12 },
+      results: [
+        { config: 'round_robin', prefillCrossNodeFetches: 41, dFullRepullsAfterFirst: 53, decodeFullRepulls: 113 },
+        { config: 'pd_affinity', prefillCrossNodeFetches: 0, dFullRepullsAfterFirst: 2, decodeFullRepulls: 62 },
+      ],
+    };
+    const rows = Object.fromEntries(scorecard({ multiturn }).map((r) => [r.n, r]));
+    expect(rows[13].ours).toMatchObject({ a: 41, b: 0 });
+    expect(rows[13].oursRatio).toBe('inf');
+    expect(rows[13].direction).toBe(true);
+    expect(rows[13].within).toBe(false);
+    expect(rows[12].ours).toMatchObject({ a: 53, b: 2 });
+    expect(rows[1].ours).toBeUndefined();
+    expect(scorecard({}).length).toBe(25);
+  });
+});
+
+describe('docs/benchmark-seeds.md', () => {
+  it('holds the table generated from bench/results/seeds.json', () => {
+    const card = JSON.parse(readFileSync(SEEDS_JSON, 'utf8'));
+    const doc = readFileSync(SEEDS_DOC, 'utf8');
+    expect(doc).toContain(DOC_BEGIN);
+    expect(generatedPart(doc)).toBe(scorecardMarkdown(card).trim());
+    expect(generatedPart(spliceGenerated(doc, 'x'))).toBe('x');
+  });
+});
