@@ -7,11 +7,11 @@ export default defineConfig({
   test: {
     // the router's one-line JSON logs are its product, not test output
     onConsoleLog: (log) => !log.includes('"event":"'),
-    // Files run three at a time even on 2 cores: most of a file's time is waiting (workerd and
+    // Files run four at a time even on 2 cores: most of a file's time is waiting (workerd and
     // router processes starting, engines' simulated time), and every file has its own engines,
-    // workerd and router (no shared state: docs/testing.md). One at a time (vitest's default on
-    // 2 cores) took 4m50s of the 5 minutes CI allows; three, about 2.5 minutes.
-    maxWorkers: 3,
+    // workerd and router (no shared state: docs/testing.md). Measured on the 2-core machine with
+    // 142 files: three at a time 6m03s, four 4m58s.
+    maxWorkers: 4,
     projects: [
       {
         plugins: [

@@ -65,10 +65,10 @@ describe("clients that leave mid-stream leave nothing behind in the isolate", ()
     try {
       // warm: JIT (compiled code is heap too: what is left of it is spread over many departures
       // below), the Durable Object, connection pools
-      await leaveMidStream(200, 6);
+      await leaveMidStream(120, 6);
       const heapBefore = await heapAfterGc(session);
       const before = await heapObjectBytes(session);
-      const departures = 300;
+      const departures = 200;
       await leaveMidStream(departures, 6);
       const heapAfter = await heapAfterGc(session);
       const after = await heapObjectBytes(session);
