@@ -140,15 +140,18 @@ function selectDecodeFirst(input: SelectionInput, cursors: Decision["cursors"], 
     const ranked = rankRole(prefillPoolFor(input, d.id));
     return ranked.kind === "ok" ? [ranked.decision.id, ...ranked.decision.fallbacks].filter((id) => id !== d.id) : [];
   };
-  const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) =>
-    decided(
+  const servedLocally = (d: RoleDecision, peeked: ScoredCandidate[], reason: PdReason) => {
+    // ranked once: the prefill pool is ranked on every local decision (the hot path)
+    const fallbacks = pdPath(d);
+    return decided(
       input,
-      { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks: pdPath(d), failOpen: false },
-      withPdFallbacks(d, decodePool, pdPath(d).length > 0),
+      { id: d.id, rule: "local_prefill", candidates: peeked, fallbacks, failOpen: false },
+      withPdFallbacks(d, decodePool, fallbacks.length > 0),
       cursors,
       "local",
       reason,
     );
+  };
 
   // A turn that continues a stored response: only its D holds the state, so D serves it alone.
   if (input.pinned === true) return decided(input, { id: first.id, rule: "local_prefill", candidates: [], fallbacks: [], failOpen: false }, first, cursors, "local", "pinned");
