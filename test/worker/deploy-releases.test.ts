@@ -51,20 +51,24 @@ describe("7. which failed decode attempts release P's handle (what the router sa
 });
 
 describe("7. releases through the Worker, against the strict simulator", () => {
-  beforeEach(async () => {
-    await resetSim();
-    await resetClusterState();
-    await putCluster({
+  /** P, the faulty d0 (with `d0Fields`) and the healthy d1, round robin. */
+  const putReleaseCluster = (d0Fields: Record<string, unknown> = {}) =>
+    putCluster({
       protocol: "vllm",
       policy: rr,
       // room for the healthy d1 on a busy machine; d0's silence and hang outlast it
       timeouts: { decodeFirstByteMs: 1500 },
       nodes: [
         { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
+        { id: "d0", role: "decode", ...d0Fields },
         { id: "d1", role: "decode" },
       ],
     });
+
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+    await putReleaseCluster();
   });
   afterEach(resetSim);
 
@@ -134,16 +138,7 @@ describe("7. releases through the Worker, against the strict simulator", () => {
   });
 
   it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck), D older than vLLM 0.21: released through the next D", async () => {
-    await putCluster({
-      protocol: "vllm",
-      policy: rr,
-      timeouts: { decodeFirstByteMs: 1500 },
-      nodes: [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode", vllmVersion: "0.20.2" },
-        { id: "d1", role: "decode" },
-      ],
-    });
+    await putReleaseCluster({ vllmVersion: "0.20.2" });
     // the simulated d0 as vLLM < 0.21: its serving layer tells P nothing
     await control("/engines/d0/options", { rejectionReleasesHandle: false });
     try {
