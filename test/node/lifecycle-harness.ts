@@ -175,6 +175,38 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   return rig;
 }
 
+export interface PairRigOptions extends Omit<RigOptions, "engines" | "document"> {
+  /** members of the cluster document beside protocol, policy, health and nodes (timeouts, ...) */
+  document?: Record<string, unknown>;
+}
+
+/**
+ * The rig of the life-cycle cases that need one P (p0) and one D (d0), so every request meets the
+ * same engines: vllm, round robin, and no ejection (cases fail the one D on purpose). Returns the
+ * rig and the cluster document it was given (to put back after a case replaced it).
+ */
+export async function startPairRig(o: PairRigOptions = {}): Promise<{ rig: Rig; document: unknown }> {
+  const { document: members, ...options } = o;
+  let document: unknown;
+  const pair = [
+    { id: "p0", role: "prefill" as const },
+    { id: "d0", role: "decode" as const },
+  ];
+  const rig = await startRig({
+    ...options,
+    engines: pair,
+    document: (url) =>
+      (document = {
+        protocol: "vllm",
+        policy: { prefill: "round_robin", decode: "round_robin" },
+        ...members,
+        health: { ejectAfter: 100 },
+        nodes: pair.map(({ id, role }) => ({ id, url: url(id), role })),
+      }),
+  });
+  return { rig, document };
+}
+
 /**
  * workerd's memory and CPU so far (Rig.workerd). They come from /proc: where it does not exist
  * (not Linux) the test is reported skipped with the reason, never passed without its bounds; on
