@@ -91,3 +91,23 @@ export function waitFor(entries, waiters, key, timeoutMs, ctx) {
     mine.add(finish);
   });
 }
+
+/** Resolves when a response can take more, or closed. @param {import('node:http').ServerResponse} res */
+export function drained(res) {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve(undefined);
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
+}
+
+/** Send SSE response headers unless they went out already. @param {import('node:http').ServerResponse} res */
+export function sseHeaders(res) {
+  if (res.headersSent) return;
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+  res.flushHeaders();
+}
