@@ -7,7 +7,7 @@ import { KvMemory } from '../model/kv-memory.mjs';
 import { EngineCore } from '../model/scheduler.mjs';
 import { resolveModel } from '../presets.mjs';
 import { clusterTime, createRegistry } from './registry.mjs';
-import { emptyStats } from './stats.mjs';
+import { emptyStats, noteViolation } from './stats.mjs';
 
 /**
  * @typedef {import('./types.mjs').EngineOptions} EngineOptions
@@ -264,9 +264,7 @@ export function sample(state, arr, value) {
 
 /** @param {EngineState} state @param {string} why */
 export function violation(state, why) {
-  state.stats.protocolViolations++;
-  state.stats.violations.push(why);
-  if (state.stats.violations.length > 50) state.stats.violations.shift();
+  noteViolation(state.stats, why);
 }
 
 /**

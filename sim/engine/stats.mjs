@@ -68,3 +68,13 @@ export function emptyStats() {
  * @property {boolean} [fullRepull] decode legs: nothing of the prompt was held here
  * @property {string} [remoteEngineId] vllm decode legs: the P named in kv_transfer_params
  */
+
+/**
+ * Count a protocol violation and keep its explanation (the last 50).
+ * @param {ReturnType<typeof emptyStats>} stats @param {string} why
+ */
+export function noteViolation(stats, why) {
+  stats.protocolViolations++;
+  stats.violations.push(why);
+  if (stats.violations.length > 50) stats.violations.shift();
+}
