@@ -10,13 +10,9 @@ import { sample } from './state.mjs';
 /**
  * @typedef {import('node:http').ServerResponse} ServerResponse
  * @typedef {import('./state.mjs').EngineState} EngineState
+ * @typedef {import('./types.mjs').Ctx} Ctx
  * @typedef {import('./stats.mjs').RequestStats} RequestStats
  * @typedef {import('../model/scheduler.mjs').Sequence} Sequence
- */
-
-/**
- * One completion request as its handler and answer see it.
- * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, samples?: number, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void, promptText?: string }} Ctx
  */
 
 /**

@@ -16,24 +16,10 @@ import { vllmDecode, vllmPrefill } from './vllm.mjs';
 
 /**
  * @typedef {import('./state.mjs').EngineState} EngineState
- * @typedef {import('./answer.mjs').Ctx} Ctx
+ * @typedef {import('./types.mjs').Ctx} Ctx
+ * @typedef {import('./types.mjs').Call} Call
  * @typedef {import('./types.mjs').RequestLogEntry} RequestLogEntry
  * @typedef {import('./stats.mjs').RequestStats} RequestStats
- *
- * A completion request as its leg sees it, read and validated once.
- * @typedef {object} Call
- * @property {import('node:http').ServerResponse} res
- * @property {Ctx} ctx
- * @property {any} body the parsed request body
- * @property {RequestLogEntry} entry its request-log entry (the exact bootstrap room)
- * @property {(string | number[])[]} prompts every prompt of the body (a batch: more than one)
- * @property {string} digest the first prompt's digest (sim/engine/prompt.mjs)
- * @property {string[]} hashes the first prompt's prefix units
- * @property {number} tokens the first prompt's tokens
- * @property {number} maxTokens
- * @property {any} kv kv_transfer_params
- * @property {string | undefined} requestId x-request-id
- * @property {Partial<RequestStats>} rec this request's figures (request-stats)
  */
 
 /** requests kept in the request log, oldest dropped first */

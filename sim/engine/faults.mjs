@@ -5,7 +5,7 @@ import { drained, sendError, sseHeaders } from '../wire.mjs';
 
 /**
  * @typedef {import('./state.mjs').EngineState} EngineState
- * @typedef {import('./answer.mjs').Ctx} Ctx
+ * @typedef {import('./types.mjs').Ctx} Ctx
  */
 
 /**

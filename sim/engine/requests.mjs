@@ -10,7 +10,7 @@ import { remember } from './registry.mjs';
  * @typedef {import('./stats.mjs').RequestStats} RequestStats
  * @typedef {import('./types.mjs').Engine} Engine
  * @typedef {import('./types.mjs').HeldKv} HeldKv
- * @typedef {import('./answer.mjs').Ctx} Ctx
+ * @typedef {import('./types.mjs').Ctx} Ctx
  */
 
 /**

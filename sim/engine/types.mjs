@@ -124,4 +124,26 @@
  * @property {() => Promise<void>} close
  */
 
+/**
+ * One completion request as its handler and answer see it.
+ * @typedef {{ chat: boolean, stream: boolean, model: string, includeUsage: boolean, samples?: number, destroyAfterChunks?: number, stallAfterChunks?: number, bigKvInt?: boolean, destroyedByUs: boolean, closed: boolean, omitKvTransferParams?: boolean, onClose?: () => void, promptText?: string }} Ctx
+ */
+
+/**
+ * A completion request as its leg sees it, read and validated once (sim/engine/completions.mjs).
+ * @typedef {object} Call
+ * @property {import('node:http').ServerResponse} res
+ * @property {Ctx} ctx
+ * @property {any} body the parsed request body
+ * @property {RequestLogEntry} entry its request-log entry (the exact bootstrap room)
+ * @property {(string | number[])[]} prompts every prompt of the body (a batch: more than one)
+ * @property {string} digest the first prompt's digest (sim/engine/prompt.mjs)
+ * @property {string[]} hashes the first prompt's prefix units
+ * @property {number} tokens the first prompt's tokens
+ * @property {number} maxTokens
+ * @property {any} kv kv_transfer_params
+ * @property {string | undefined} requestId x-request-id
+ * @property {Partial<RequestStats>} rec this request's figures (request-stats)
+ */
+
 export {};

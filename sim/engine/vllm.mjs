@@ -11,7 +11,7 @@ import { violation } from './state.mjs';
 
 /**
  * @typedef {import('./state.mjs').EngineState} EngineState
- * @typedef {import('./completions.mjs').Call} Call
+ * @typedef {import('./types.mjs').Call} Call
  */
 
 /**
