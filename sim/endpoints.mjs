@@ -8,6 +8,7 @@
 // detokenize) and generate.mjs, each citing the upstream sources of its shapes.
 import { setTimeout as sleepReal } from 'node:timers/promises';
 import { lowerHeaders, readBody, sendError } from './wire.mjs';
+import { sendStatusFault } from './engine/faults.mjs';
 import { generate } from './endpoints/generate.mjs';
 import { responses } from './endpoints/responses.mjs';
 import { detokenize, embeddings, tokenize } from './endpoints/tokenizer.mjs';
@@ -94,7 +95,7 @@ export async function handleEndpoint(req, res, path, hooks) {
 }
 
 /**
- * The engine's injected fault, consumed like the chat path does (sim/engine.mjs handleCompletion).
+ * The engine's injected fault, consumed like the chat path does (sim/engine/faults.mjs).
  * @returns {Promise<'answered' | 'continue'>}
  */
 async function applyFault(req, res, hooks, ctx) {
@@ -105,10 +106,8 @@ async function applyFault(req, res, hooks, ctx) {
   hooks.stats().faultsInjected++;
   switch (fault.mode) {
     case 'status500':
-      sendError(res, 500, 'simulated internal error', 'server_error');
-      return 'answered';
     case 'status400':
-      sendError(res, 400, 'simulated bad request', 'invalid_request_error');
+      sendStatusFault(res, fault.mode);
       return 'answered';
     case 'hang':
       return 'answered'; // never answers; the close listener counts the client giving up

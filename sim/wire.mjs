@@ -1,5 +1,7 @@
-// What every simulated endpoint shares: reading a body, answering JSON and errors, and the
-// rendezvous by which a D leg waits for its P (an SGLang bootstrap room, a Mooncake transfer id).
+// What every simulated endpoint shares: reading a body, answering JSON and errors, SSE headers, an
+// answer broken on purpose (writeThenBreak), and the rendezvous by which a D leg waits for its P
+// (an SGLang bootstrap room, a Mooncake transfer id).
+import { setTimeout as sleepReal } from 'node:timers/promises';
 
 /** @param {import('node:http').IncomingMessage} req @returns {Promise<string>} */
 export function readBody(req) {
@@ -110,4 +112,16 @@ export function sseHeaders(res) {
   if (res.headersSent) return;
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
   res.flushHeaders();
+}
+
+/**
+ * Write `data`, let it reach the client, then break the connection (the `midstream` fault): the
+ * client sees an answer that breaks, not none.
+ * @param {import('node:http').ServerResponse} res @param {{ destroyedByUs: boolean }} ctx @param {string} data
+ */
+export async function writeThenBreak(res, ctx, data) {
+  await new Promise((resolve) => res.write(data, () => resolve(undefined)));
+  await sleepReal(10);
+  ctx.destroyedByUs = true;
+  res.socket?.destroy();
 }

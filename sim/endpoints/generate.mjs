@@ -8,10 +8,9 @@
 // size for a batch, as sgl-project/sglang's router (pd_router.rs inject_bootstrap_into_value)
 // sends them; P and D of a room meet through the cluster registry, as in the chat path.
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleepReal } from 'node:timers/promises';
 import { publishRoom, waitRoom } from '../engine/registry.mjs';
 import { noteViolation as violation } from '../engine/stats.mjs';
-import { positiveInt, sameHost, sendError, sendJson } from '../wire.mjs';
+import { positiveInt, sameHost, sendError, sendJson, writeThenBreak } from '../wire.mjs';
 import { prefill, promptShape, word } from './engine-model.mjs';
 import { simTokenize } from './tokenizer.mjs';
 
@@ -176,10 +175,7 @@ export async function generate({ res, body, hooks, ctx, entry }) {
       const out = { text: texts[i], output_ids: simTokenize(texts[i]), meta_info: metaInfo(i, k + 1, k === outTokens - 1), ...(batch ? { index: i } : {}) };
       const data = `data: ${JSON.stringify(out)}\n\n`;
       if (ctx.destroyAfterChunks !== undefined && ++chunks >= ctx.destroyAfterChunks) {
-        await new Promise((resolve) => res.write(data, () => resolve(undefined)));
-        await sleepReal(10);
-        ctx.destroyedByUs = true;
-        res.socket?.destroy();
+        await writeThenBreak(res, ctx, data);
         return;
       }
       res.write(data);

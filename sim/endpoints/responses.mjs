@@ -11,10 +11,9 @@
 // A response that stopped on max_output_tokens has status "incomplete" with
 // incomplete_details {reason: "max_output_tokens"} (ResponsesResponse.from_request).
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleepReal } from 'node:timers/promises';
 import { MAX_REMEMBERED } from '../engine/registry.mjs';
 import { noteViolation as violation } from '../engine/stats.mjs';
-import { positiveInt, sendError, sendJson } from '../wire.mjs';
+import { positiveInt, sendError, sendJson, writeThenBreak } from '../wire.mjs';
 import { prefill, promptShape, timing, word } from './engine-model.mjs';
 
 /** @typedef {import('./engine-model.mjs').Call} Call */
@@ -201,10 +200,7 @@ export async function responses({ res, body, model, hooks, ctx }) {
     chunks++;
     if (ctx.destroyAfterChunks !== undefined && chunks >= ctx.destroyAfterChunks) {
       // the events reach the client first, so it sees a stream that breaks, not none
-      await new Promise((resolve) => res.write(data, () => resolve(undefined)));
-      await sleepReal(10);
-      ctx.destroyedByUs = true;
-      res.socket?.destroy();
+      await writeThenBreak(res, ctx, data);
       return false;
     }
     res.write(data);

@@ -1,9 +1,8 @@
 // How the engine answers an OpenAI completion: the tokens of a sequence streamed (one SSE event a
 // token) or as one JSON body, with the usage and TTFT / ITL / TPOT as the engines account them;
 // a prefill leg's one-token answer; the error a refused or failed sequence gets.
-import { setTimeout as sleepReal } from 'node:timers/promises';
 import { chainedBlockHashes } from '../prefix-cache.mjs';
-import { sendError, sendJson, sseHeaders } from '../wire.mjs';
+import { sendError, sendJson, sseHeaders, writeThenBreak } from '../wire.mjs';
 import { FILLER, promptDigest } from './prompt.mjs';
 import { sample } from './state.mjs';
 
@@ -108,10 +107,7 @@ export async function generate(state, res, ctx, gen) {
       if (ctx.destroyAfterChunks !== undefined && chunksSent >= ctx.destroyAfterChunks) {
         // let the chunks reach the client first, so it sees a stream that breaks, not none
         seq.abort();
-        await new Promise((resolve) => res.write(data, () => resolve(undefined)));
-        await sleepReal(10);
-        ctx.destroyedByUs = true;
-        res.socket?.destroy();
+        await writeThenBreak(res, ctx, data);
         return;
       }
       res.write(data);
@@ -184,10 +180,7 @@ export async function generate(state, res, ctx, gen) {
   if (ctx.destroyAfterChunks !== undefined) {
     // midstream on a non-stream answer: half a body, then the connection dies
     res.writeHead(200, { 'content-type': 'application/json' });
-    await new Promise((resolve) => res.write(json.slice(0, Math.floor(json.length / 2)), () => resolve(undefined)));
-    await sleepReal(10);
-    ctx.destroyedByUs = true;
-    res.socket?.destroy();
+    await writeThenBreak(res, ctx, json.slice(0, Math.floor(json.length / 2)));
     return;
   }
   sendJson(res, 200, body);

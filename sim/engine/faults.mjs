@@ -43,10 +43,8 @@ export async function applyFault(state, req, res, raw, ctx) {
     state.stats.faultsInjected++;
     switch (mode) {
       case 'status500':
-        sendError(res, 500, 'simulated internal error', 'server_error');
-        return 'answered';
       case 'status400':
-        sendError(res, 400, 'simulated bad request', 'invalid_request_error');
+        sendStatusFault(res, mode);
         return 'answered';
       case 'hang':
         // never answer; the 'close' listener counts the client giving up
@@ -94,6 +92,15 @@ export async function applyFault(state, req, res, raw, ctx) {
     }
   }
   return 'continue';
+}
+
+/**
+ * What a status fault answers, on every route of the engine.
+ * @param {import('node:http').ServerResponse} res @param {'status500' | 'status400'} mode
+ */
+export function sendStatusFault(res, mode) {
+  if (mode === 'status500') sendError(res, 500, 'simulated internal error', 'server_error');
+  else sendError(res, 400, 'simulated bad request', 'invalid_request_error');
 }
 
 /**
