@@ -18,12 +18,13 @@
 // - `remote`: its KV comes from another engine. It takes blocks for its whole prompt when
 //   admitted (less what this engine already caches: the local prefix hit), pulls the rest, then
 //   computes its last prompt token and decodes. Until the pull ends it counts as waiting, as
-//   vLLM's WAITING_FOR_REMOTE_KVS requests do.
+//   vLLM's WAITING_FOR_REMOTE_KVS requests do (the pull and the prefix fetch: kv-loading.mjs).
 //
 // Time is the cluster's simulated clock. A step's length comes from sim/model/step-time.mjs,
 // plus the time the step loop stalls while KV moves in or out of this engine meanwhile
 // (sim/model/fabric.mjs): bytes moved / `stallLoadBytesPerMs`, the effective load rate.
 import { stepTime } from './step-time.mjs';
+import { fetchPrefix, pullRemote } from './kv-loading.mjs';
 import { Sequence } from './sequence.mjs';
 
 export { Sequence };
@@ -275,64 +276,13 @@ export class EngineCore {
       }
       const cached = Math.min(seq.promptTokens + seq.generated, hit * memory.unitTokens);
       if (remote && firstAdmission && seq.load) {
-        seq.state = 'loading';
-        this.loading.add(seq);
-        const missing = seq.promptTokens - seq.cachedTokens;
-        seq.load(missing, seq, t).then(
-          (r) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.loadMs = r.ms;
-            seq.loadedAt = Number.isFinite(r.at) ? /** @type {number} */ (r.at) : this.o.clock.now();
-            memory.markReady(alloc);
-            // vLLM recomputes the prompt's last token on the decode node (the first output token)
-            seq.computed = seq.promptTokens - 1;
-            seq.pending = 1;
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick(seq.loadedAt);
-          },
-          (/** @type {any} */ e) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.error = e instanceof Error ? e.message : 'kv_transfer_failed';
-            seq.errorStatus = typeof e?.status === 'number' ? e.status : undefined;
-            memory.release(alloc);
-            seq.end('failed');
-          },
-        );
+        pullRemote(this, seq, alloc, t);
         continue;
       }
       // a P leg whose longer prefix another engine holds: fetch those units, then prefill the rest
       const fetch = firstAdmission && seq.fetchPrefix ? seq.fetchPrefix(hit, seq) : undefined;
       if (fetch && fetch.units > hit) {
-        seq.state = 'loading';
-        seq.fetchedUnits = fetch.units - hit;
-        this.loading.add(seq);
-        fetch.run(t).then(
-          (r) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.loadMs = r.ms;
-            const have = Math.min(seq.promptTokens - 1, fetch.units * memory.unitTokens);
-            seq.computed = have;
-            seq.pending = Math.max(1, seq.promptTokens - have);
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick(r.at);
-          },
-          () => {
-            // the holder went away: compute it all here
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.fetchedUnits = 0;
-            seq.computed = cached;
-            seq.pending = Math.max(1, seq.promptTokens - cached);
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick();
-          },
-        );
+        fetchPrefix(this, seq, fetch, hit, cached, t);
         continue;
       }
       // local, a P leg, or a preempted request recomputing: prefill what the cache lacks
