@@ -13,7 +13,7 @@
 // (scripts/devtools.mjs). Reports the RSS slope after the first minute (MB a minute, least
 // squares) and the heap grown per request between the two heap readings.
 //
-// `npm run bench -- soak [--minutes 5] [--concurrency 48] [--sample-s 5] [--seed 25]
+// `npm run bench -- soak [--minutes 5] [--concurrency 48] [--sample-s 5] [--seed 25] [--shares 0.3,0.4,0.15,0.15]
 //   [--json bench/results/soak.json]`
 import { readFile, readdir } from 'node:fs/promises';
 import http from 'node:http';
@@ -28,11 +28,11 @@ const ADMIN_TOKEN = 'soak-admin-token';
 const KINDS = /** @type {const} */ (['complete', 'mid-stream', 'early', 'whole']);
 const SHARES = [0.3, 0.4, 0.15, 0.15];
 
-/** @param {() => number} rand @returns {typeof KINDS[number]} */
-function pickKind(rand) {
-  let x = rand();
+/** @param {() => number} rand @param {number[]} shares @returns {typeof KINDS[number]} */
+function pickKind(rand, shares) {
+  let x = rand() * shares.reduce((a, b) => a + b, 0);
   for (let i = 0; i < KINDS.length; i++) {
-    x -= SHARES[i];
+    x -= shares[i];
     if (x < 0) return KINDS[i];
   }
   return 'complete';
@@ -118,6 +118,10 @@ export async function runSoak(options) {
   const concurrency = numberOption(options, 'concurrency', 48);
   const sampleS = numberOption(options, 'sample-s', 5);
   const rand = mulberry32(numberOption(options, 'seed', 25));
+  // --shares a,b,c,d: complete, mid-stream, early, whole (e.g. 1,0,0,0: nobody leaves)
+  const shares = typeof options.shares === 'string' ? options.shares.split(',').map(Number) : SHARES;
+  if (shares.length !== KINDS.length || !shares.every((x) => x >= 0) || !(shares.reduce((a, b) => a + b, 0) > 0))
+    throw new Error('--shares: four numbers >= 0 (complete, mid-stream, early, whole)');
   const stack = await startStack({
     engines: [
       { id: 'p0', role: 'prefill' },
@@ -141,12 +145,18 @@ export async function runSoak(options) {
   const endS = minutes * 60;
   /** @type {{ tS: number, heapBytes: number, objectBytes: number, requests: number } | undefined} */
   let atMinute;
+  /** RSS right after forced collections, once a minute: what workerd keeps, not garbage V8 has yet to collect */
+  /** @type {{ tS: number, rssMb: number, heapBytes: number }[]} */
+  const afterGc = [];
+  const rssMb = async () => Math.round((await workerdRssKb(stack.router.pid)) / 102.4) / 10;
   const sampler = (async () => {
     while (elapsedS() < endS) {
-      rss.push({ tS: Math.round(elapsedS()), rssMb: Math.round((await workerdRssKb(stack.router.pid)) / 102.4) / 10 });
-      if (!atMinute && elapsedS() >= Math.min(60, endS / 2)) {
+      rss.push({ tS: Math.round(elapsedS()), rssMb: await rssMb() });
+      if (elapsedS() >= Math.min(60, endS / 2) * (afterGc.length + 1)) {
         const requests = sent;
-        atMinute = { tS: Math.round(elapsedS()), heapBytes: await heapAfterGc(session), objectBytes: (await heapObjectBytes(session)).bytes, requests };
+        const heapBytes = await heapAfterGc(session);
+        afterGc.push({ tS: Math.round(elapsedS()), rssMb: await rssMb(), heapBytes });
+        if (!atMinute) atMinute = { tS: Math.round(elapsedS()), heapBytes, objectBytes: (await heapObjectBytes(session)).bytes, requests };
       }
       await sleep(sampleS * 1000);
     }
@@ -154,7 +164,7 @@ export async function runSoak(options) {
   const client = async () => {
     while (elapsedS() < endS) {
       const n = sent++;
-      const kind = pickKind(rand);
+      const kind = pickKind(rand, shares);
       const outcome = await oneRequest(url, kind, n);
       outcomes[kind][outcome] = (outcomes[kind][outcome] ?? 0) + 1;
     }
@@ -175,7 +185,8 @@ export async function runSoak(options) {
   }
   const heapEnd = await heapAfterGc(session);
   const objectsEnd = (await heapObjectBytes(session)).bytes;
-  const rssIdleMb = Math.round((await workerdRssKb(stack.router.pid)) / 102.4) / 10;
+  const rssIdleMb = await rssMb();
+  afterGc.push({ tS: Math.round(elapsedS()), rssMb: rssIdleMb, heapBytes: heapEnd });
   session.close();
   await stack.close();
 
@@ -185,6 +196,7 @@ export async function runSoak(options) {
   const result = {
     minutes,
     concurrency,
+    shares: Object.fromEntries(KINDS.map((k, i) => [k, shares[i]])),
     requests: sent,
     outcomes,
     rssMb: {
@@ -194,6 +206,8 @@ export async function runSoak(options) {
       end: rss.at(-1)?.rssMb,
       idle: rssIdleMb,
       slopeMbPerMinuteAfterFirstMinute: Math.round(slope(after.map((s) => ({ x: s.tS / 60, y: s.rssMb }))) * 100) / 100,
+      afterGc: afterGc.map((g) => ({ tS: g.tS, rssMb: g.rssMb, heapMb: Math.round(g.heapBytes / 1e5) / 10 })),
+      afterGcSlopeMbPerMinute: Math.round(slope(afterGc.map((g) => ({ x: g.tS / 60, y: g.rssMb }))) * 100) / 100,
     },
     heap: atMinute && {
       atFirstMinuteBytes: atMinute.heapBytes,
@@ -213,7 +227,9 @@ export async function runSoak(options) {
       'workerd RSS start / at 1 min / max after / end / idle MB',
       `${result.rssMb.start} / ${result.rssMb.atFirstMinute} / ${result.rssMb.maxAfterFirstMinute} / ${result.rssMb.end} / ${result.rssMb.idle}`,
     ],
-    ['RSS slope after the first minute', `${result.rssMb.slopeMbPerMinuteAfterFirstMinute} MB/min`],
+    ['RSS slope after the first minute (garbage not yet collected included)', `${result.rssMb.slopeMbPerMinuteAfterFirstMinute} MB/min`],
+    ['RSS right after forced GC, each minute (MB)', result.rssMb.afterGc.map((g) => g.rssMb).join(' / ')],
+    ['slope of RSS after forced GC', `${result.rssMb.afterGcSlopeMbPerMinute} MB/min`],
     ['JS objects after GC, per request after the first minute', `${result.heap?.objectBytesPerRequest ?? '-'} B (${result.heap?.requestsBetween ?? 0} requests)`],
     ['whole heap after GC, per request after the first minute', `${result.heap?.heapBytesPerRequest ?? '-'} B`],
     ['leases and engine connections back to 0', Number.isFinite(idleAfterMs) ? `${idleAfterMs} ms after the last client` : 'NOT within 30 s'],
