@@ -18,6 +18,7 @@ const SCENARIOS = {
   abandoned: () => import('./scenarios/abandoned.mjs').then((m) => m.runAbandoned),
   'handle-retry': () => import('./scenarios/handle-retry.mjs').then((m) => m.runHandleRetry),
   seeds: () => import('./scenarios/seeds.mjs').then((m) => m.runSeeds),
+  docs: () => import('./scenarios/docs.mjs').then((m) => m.runDocs),
   soak: () => import('./scenarios/soak.mjs').then((m) => m.runSoak),
 };
 
@@ -38,6 +39,7 @@ scenarios:
   seeds       the scorecard: every published comparison of the seeds (25) against the headline runs in
               bench/results/ (multiturn, agentic, agentic-ablation, agentic-breakdown); writes
               bench/results/seeds.json and the table of docs/benchmark-seeds.md; runs nothing itself
+  docs        rebuilds the results blocks of docs/benchmark.md from bench/results/*.json; runs nothing itself
   chart       --json PATH: re-draw the SVG of an earlier run
 
 common options:
@@ -86,7 +88,12 @@ if (!scenario || options.help || !(scenario in SCENARIOS)) {
 const started = performance.now();
 try {
   const run = await SCENARIOS[/** @type {keyof typeof SCENARIOS} */ (scenario)]();
-  const { report, table, chart, defaultJson } = /** @type {{ report: any, table: string, chart: any, defaultJson?: string }} */ (await run(options));
+  const { report, table, chart, defaultJson } = /** @type {{ report?: any, table: string, chart?: any, defaultJson?: string }} */ (await run(options));
+  if (!report) {
+    // a scenario that only writes documents (docs): nothing measured, no JSON to write
+    console.log(table);
+    process.exit(0);
+  }
   const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
   const jsonPath = stringOption(options, 'json') ?? defaultJson ?? path.join(repo, 'bench', 'out', `${scenario}.json`);
   const seconds = Math.round((performance.now() - started) / 100) / 10;

@@ -67,6 +67,15 @@ export function comparisonsTable(comparisons) {
   if (comparisons.length === 0) return '';
   return markdownTable(
     ['comparison', 'published', 'ours', 'same direction', 'within ±35%'],
-    comparisons.map((c) => [c.what, `${c.published}x`, `${c.ours}x`, c.sameDirection ? 'yes' : 'NO', c.within ? 'yes' : 'no']),
+    comparisons.map((c) => [c.what, `${c.published}x`, ratioCell(c.ours), c.sameDirection ? 'yes' : 'NO', c.within ? 'yes' : 'no']),
   );
+}
+
+/**
+ * A ratio of ours: one over a count of 0 is infinite, which JSON writes as null; both print alike
+ * so that a table rebuilt from the JSON (`npm run bench -- docs`) is the one the run printed.
+ * @param {number | null} ours
+ */
+function ratioCell(ours) {
+  return typeof ours === 'number' && Number.isFinite(ours) ? `${ours}x` : 'n/a (a count of 0 below it)';
 }

@@ -150,17 +150,18 @@ export async function runAgentic(options) {
     }),
   );
   const comparisons = agenticComparisons(results);
+  const report = {
+    scenario: 'agentic',
+    config: { ...cfg, configs: chosen.map((c) => c.name), document: file.document ?? {} },
+    profile,
+    skipped,
+    results,
+    comparisons,
+    published: SEED002,
+  };
   return {
-    report: {
-      scenario: 'agentic',
-      config: { ...cfg, configs: chosen.map((c) => c.name), document: file.document ?? {} },
-      profile,
-      skipped,
-      results,
-      comparisons,
-      published: SEED002,
-    },
-    table: `${profileTable(profile)}\n\n${agenticTable(results)}\n\n${ttftTable(results)}\n\n${comparisonsTable(comparisons)}${skipped.length ? `\n\nnot run: ${skipped.map((s) => `${s.name} (${s.why})`).join('; ')}` : ''}`,
+    report,
+    table: agenticMarkdown(report),
     chart: {
       title: `agentic (seed 002): ${cfg.requests} requests, 8 x H20 + Qwen3-Coder-30B-A3B (simulated)`,
       series: results.map((r) => r.name),
@@ -478,10 +479,20 @@ export function agenticComparisons(results) {
   ]);
 }
 
+/**
+ * The tables a run prints, from its report alone (`npm run bench -- docs` rebuilds them from the JSON).
+ * @param {{ profile: any, results: Record<string, any>[], comparisons: any[], skipped: { name: string, why: string }[] }} report
+ */
+export function agenticMarkdown({ profile, results, comparisons, skipped }) {
+  const notRun = skipped.length ? `\n\nnot run: ${skipped.map((s) => `${s.name} (${s.why})`).join('; ')}` : '';
+  return `${profileTable(profile)}\n\n${agenticTable(results)}\n\n${ttftTable(results)}\n\n${comparisonsTable(comparisons)}${notRun}`;
+}
+
 /** @param {ReturnType<typeof agenticProfile>} p */
 function profileTable(p) {
-  const b = (/** @type {Record<string, { share: number, newTokens: number }>} */ h) =>
-    ['cold', '1-50%', '50-90%', '>90%'].map((k) => `${Math.round(h[k].share * 100)}% (${round(h[k].newTokens / 1000, 1)}k)`).join(' / ');
+  // runs before the trace kept its hit buckets (agentic-thresholds.json) leave the cell empty
+  const b = (/** @type {Record<string, { share: number, newTokens: number }> | undefined} */ h) =>
+    h && ['cold', '1-50%', '50-90%', '>90%'].map((k) => `${Math.round(h[k].share * 100)}% (${round(h[k].newTokens / 1000, 1)}k)`).join(' / ');
   return markdownTable(
     [
       'trace',
@@ -529,10 +540,11 @@ function agenticTable(results) {
       'wall s',
     ],
     results.map((r) => [
-      `${r.name} (${r.dispatch})`,
+      // runs before dispatch and ITL were kept (agentic-thresholds.json) show neither
+      r.dispatch ? `${r.name} (${r.dispatch})` : r.name,
       `${round(r.ttftP50Ms / 1000, 3)} / ${round(r.ttftP90Ms / 1000, 3)}`,
       r.tpotP90Ms,
-      `${r.itlP50Ms} / ${r.itlP99Ms}`,
+      r.itlP50Ms === undefined ? '' : `${r.itlP50Ms} / ${r.itlP99Ms}`,
       round(r.e2eP50Ms / 1000, 2),
       r.hitRatio,
       `${r.decodeKvPeak} / ${r.decodeKvMean}`,

@@ -125,7 +125,30 @@ export async function runDoCapacity(options) {
     // the object's own work, roughly: the request's CPU less that of as many bare calls
     if (noop && r !== noop) Object.assign(r, { cpuUsPerRequestOverNoop: round(r.cpuUsPerRequest - noop.cpuUsPerCall * r.callsPerRequest, 1) });
   }
-  const table = markdownTable(
+  const report = { scenario: 'do-capacity', config: { nodeCounts, policies, ops, seconds, clients, batch, parallel }, results };
+  return {
+    report,
+    table: doCapacityTable(report),
+    chart: {
+      title: 'do-capacity: routed requests/s one ClusterState object sustains (Worker and object on one workerd thread)',
+      series: results.filter((r) => r.op !== 'noop').map((r) => `${r.op} ${r.policy} ${r.nodes}`),
+      figures: [
+        {
+          name: 'requests/s',
+          values: results.filter((r) => r.op !== 'noop').map((r) => r.requestsPerS),
+          ...(noop ? { reference: { value: noop.requestsPerS, label: 'bare RPC calls/s' } } : {}),
+        },
+      ],
+    },
+  };
+}
+
+/**
+ * The table a run prints, from its report alone (`npm run bench -- docs` rebuilds it from the JSON).
+ * @param {{ results: Record<string, any>[] }} report
+ */
+export function doCapacityTable({ results }) {
+  return markdownTable(
     [
       'op',
       'policy',
@@ -151,19 +174,4 @@ export async function runDoCapacity(options) {
       `${formatNumber(r.requestMsP50)} / ${formatNumber(r.requestMsP99)}`,
     ]),
   );
-  return {
-    report: { scenario: 'do-capacity', config: { nodeCounts, policies, ops, seconds, clients, batch, parallel }, results },
-    table,
-    chart: {
-      title: 'do-capacity: routed requests/s one ClusterState object sustains (Worker and object on one workerd thread)',
-      series: results.filter((r) => r.op !== 'noop').map((r) => `${r.op} ${r.policy} ${r.nodes}`),
-      figures: [
-        {
-          name: 'requests/s',
-          values: results.filter((r) => r.op !== 'noop').map((r) => r.requestsPerS),
-          ...(noop ? { reference: { value: noop.requestsPerS, label: 'bare RPC calls/s' } } : {}),
-        },
-      ],
-    },
-  };
 }

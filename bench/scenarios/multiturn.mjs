@@ -172,9 +172,10 @@ export async function runMultiturn(options) {
     }
   }
   const comparisons = multiturnComparisons(results);
+  const report = { scenario: 'multiturn', config: cfg, results, comparisons, published: SEED000 };
   return {
-    report: { scenario: 'multiturn', config: cfg, results, comparisons, published: SEED000 },
-    table: `${multiturnTable(results)}\n\n${comparisonsTable(comparisons)}`,
+    report,
+    table: multiturnMarkdown(report),
     chart: {
       title: `multiturn (seed 000): ${cfg.conversations} conversations x ${cfg.turns} turns, H200 + Qwen3-14B (simulated)`,
       series: results.map((r) => r.config),
@@ -347,6 +348,14 @@ export function multiturnComparisons(results) {
     );
   }
   return out;
+}
+
+/**
+ * The tables a run prints, from its report alone (`npm run bench -- docs` rebuilds them from the JSON).
+ * @param {{ results: Record<string, any>[], comparisons: any[] }} report
+ */
+export function multiturnMarkdown(report) {
+  return `${multiturnTable(report.results)}\n\n${comparisonsTable(report.comparisons)}`;
 }
 
 /** @param {Record<string, any>[]} results */

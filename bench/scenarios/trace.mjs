@@ -151,31 +151,16 @@ export async function runTrace(options) {
     }
   }
   const label = `${path.basename(file)}${Number.isFinite(limit) ? ` (first ${requests.length})` : ''}, ${nodes} nodes ${protocol}, ${cacheBlocks}-block LRU`;
+  const report = {
+    scenario: 'trace',
+    ceiling: round(ceiling.ratio, 4),
+    ceilingBlocks: ceiling.total,
+    config: { trace: file, requests: requests.length, nodes, cacheBlocks, protocol, concurrency, timeScale, cacheAware, restart, feedback: feedbackModes },
+    results,
+  };
   return {
-    report: {
-      scenario: 'trace',
-      ceiling: round(ceiling.ratio, 4),
-      config: { trace: file, requests: requests.length, nodes, cacheBlocks, protocol, concurrency, timeScale, cacheAware, restart, feedback: feedbackModes },
-      results,
-    },
-    table:
-      `ceiling (one infinite cache, blocks seen before / all blocks): ${round(ceiling.ratio, 4)} over ${requests.length} requests, ${ceiling.total} blocks\n\n` +
-      markdownTable(
-        ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'max/mean prefill tokens', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
-        results.map((r) => [
-          r.policy,
-          r.hitRatio,
-          r.ofCeiling,
-          r.maxOverMean,
-          r.maxOverMeanTokens,
-          Object.values(r.requestsPerNode).join('/'),
-          r.localityMissBlocks,
-          `${r.errors} (${r.devProxyRetries})`,
-          r.wallS,
-          r.requestsPerS,
-        ]),
-      ) +
-      (results.some((r) => r.predictedTokens > 0) ? `\n\n${predictionTable(results)}` : ''),
+    report,
+    table: traceMarkdown(report),
     chart: {
       title: `trace: ${label}`,
       series: results.map((r) => r.policy),
@@ -189,6 +174,34 @@ export async function runTrace(options) {
       ],
     },
   };
+}
+
+/**
+ * The tables a run prints, from its report alone (`npm run bench -- docs` rebuilds them from the JSON;
+ * runs before `ceilingBlocks` was kept leave the block count out).
+ * @param {{ ceiling: number, ceilingBlocks?: number, config: { requests: number }, results: Record<string, any>[] }} report
+ */
+export function traceMarkdown({ ceiling, ceilingBlocks, config, results }) {
+  const blocks = ceilingBlocks === undefined ? '' : `, ${ceilingBlocks} blocks`;
+  return (
+    `ceiling (one infinite cache, blocks seen before / all blocks): ${ceiling} over ${config.requests} requests${blocks}\n\n` +
+    markdownTable(
+      ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'max/mean prefill tokens', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
+      results.map((r) => [
+        r.policy,
+        r.hitRatio,
+        r.ofCeiling,
+        r.maxOverMean,
+        r.maxOverMeanTokens,
+        Object.values(r.requestsPerNode).join('/'),
+        r.localityMissBlocks,
+        `${r.errors} (${r.devProxyRetries})`,
+        r.wallS,
+        r.requestsPerS,
+      ]),
+    ) +
+    (results.some((r) => r.predictedTokens > 0) ? `\n\n${predictionTable(results)}` : '')
+  );
 }
 
 /** `--restart NODE@SHARE`, e.g. `n3@0.5`. @param {string | undefined} v */
