@@ -14,6 +14,7 @@ import { doCapacityTable } from './do-capacity.mjs';
 import { groupsTable } from './groups.mjs';
 import { multiturnMarkdown } from './multiturn.mjs';
 import { overheadTables } from './overhead.mjs';
+import { soakTable } from './soak.mjs';
 import { traceMarkdown } from './trace.mjs';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -28,6 +29,7 @@ const TABLES = /** @type {Record<string, (report: any) => string>} */ ({
   groups: groupsTable,
   overhead: overheadTables,
   'do-capacity': doCapacityTable,
+  soak: soakTable,
 });
 
 const BLOCK = /<!-- generated from bench\/results\/([\w.-]+)\.json by npm run bench -- docs: do not edit by hand -->\n[\s\S]*?<!-- end of generated \1 -->/g;

@@ -14,17 +14,23 @@
 // squares) and the heap grown per request between the two heap readings.
 //
 // `npm run bench -- soak [--minutes 5] [--concurrency 48] [--sample-s 5] [--seed 25] [--shares 0.3,0.4,0.15,0.15]
-//   [--json bench/results/soak.json]`
+//   [--target router|baseline] [--json bench/results/soak.json]`
+import { mkdtempSync, rmSync } from 'node:fs';
 import { readFile, readdir } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import http from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { devtoolsSession, heapAfterGc, heapObjectBytes } from '../../scripts/devtools.mjs';
 import { numberOption } from '../lib/args.mjs';
-import { startStack } from '../lib/harness.mjs';
+import { freePort, startStack, workerSnapshot } from '../lib/harness.mjs';
+import { startWorkerd } from '../lib/workerd.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { mulberry32 } from '../lib/text.mjs';
 
 const ADMIN_TOKEN = 'soak-admin-token';
+const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 const KINDS = /** @type {const} */ (['complete', 'mid-stream', 'early', 'whole']);
 const SHARES = [0.3, 0.4, 0.15, 0.15];
 
@@ -76,6 +82,11 @@ function oneRequest(url, kind, n) {
       },
     );
     req.on('error', () => resolve('left'));
+    // a client gives up after a minute (counted: an answer that never ends is a finding)
+    req.setTimeout(60_000, () => {
+      req.destroy();
+      resolve('timed-out');
+    });
     req.end(body);
     if (kind === 'early') {
       setTimeout(() => {
@@ -122,6 +133,10 @@ export async function runSoak(options) {
   const shares = typeof options.shares === 'string' ? options.shares.split(',').map(Number) : SHARES;
   if (shares.length !== KINDS.length || !shares.every((x) => x >= 0) || !(shares.reduce((a, b) => a + b, 0) > 0))
     throw new Error('--shares: four numbers >= 0 (complete, mid-stream, early, whole)');
+  // --target baseline: the same traffic through the pass-through baseline Worker
+  // (bench/baseline-worker: two plain fetch legs, no state), to tell the router's memory from the
+  // runtime's own under this load
+  const target = options.target === 'baseline' ? 'baseline' : 'router';
   const stack = await startStack({
     engines: [
       { id: 'p0', role: 'prefill' },
@@ -132,7 +147,33 @@ export async function runSoak(options) {
     // D writes a token every 2 ms: a 200-token answer is still streaming when a client leaves
     defaults: { decodeBaseMs: 2, decodeMsPerSeq: 0, transferInterferenceMs: 0, transferMsPerBlock: 0 },
     vars: { ADMIN_TOKEN },
+    router: target === 'router',
   });
+  if (target === 'baseline') {
+    const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-soak-baseline-'));
+    const urls = (/** @type {string} */ role) =>
+      [...stack.cluster.engines.values()]
+        .filter((e) => e.role === role)
+        .map((e) => e.url)
+        .join(',');
+    const inspectorPort = await freePort();
+    const proc = await startWorkerd({
+      cwd: workerSnapshot(),
+      port: await freePort(),
+      persistDir,
+      entry: path.join(REPO_ROOT, 'bench', 'baseline-worker', 'index.js'),
+      bare: true,
+      inspectorPort,
+      vars: { P_URLS: urls('prefill'), D_URLS: urls('decode') },
+    });
+    const close = stack.close;
+    stack.router = /** @type {any} */ ({ ...proc, inspectorPort });
+    stack.close = async () => {
+      await proc.stop();
+      rmSync(persistDir, { recursive: true, force: true });
+      await close();
+    };
+  }
   const url = new URL(stack.router.url);
   const session = await devtoolsSession(/** @type {number} */ (stack.router.inspectorPort));
   /** @type {Record<string, Record<string, number>>} */
@@ -175,9 +216,10 @@ export async function runSoak(options) {
   let idleAfterMs = Number.NaN;
   const idleStart = performance.now();
   while (performance.now() - idleStart < 30_000) {
-    const status = /** @type {any} */ (await (await fetch(`${stack.router.url}/admin/status`, { headers: admin })).json());
+    // (the baseline holds no leases)
+    const leases = target === 'router' ? /** @type {any} */ (await (await fetch(`${stack.router.url}/admin/status`, { headers: admin })).json()).leases : 0;
     const engines = /** @type {Record<string, { inflight: number }>} */ (await stack.stats());
-    if (status.leases === 0 && Object.values(engines).every((e) => e.inflight === 0)) {
+    if (leases === 0 && Object.values(engines).every((e) => e.inflight === 0)) {
       idleAfterMs = Math.round(performance.now() - idleStart);
       break;
     }
@@ -194,6 +236,8 @@ export async function runSoak(options) {
   const firstMinute = rss.filter((s) => s.tS <= 60 && Number.isFinite(s.rssMb)).at(-1);
   const later = atMinute ? sent - atMinute.requests : 0;
   const result = {
+    scenario: 'soak',
+    target,
     minutes,
     concurrency,
     shares: Object.fromEntries(KINDS.map((k, i) => [k, shares[i]])),
@@ -221,19 +265,6 @@ export async function runSoak(options) {
     idleAfterMs,
     rssSamples: rss,
   };
-  const rows = [
-    ['requests (complete / mid-stream / early / whole)', `${sent} (${KINDS.map((k) => Object.values(outcomes[k]).reduce((a, b) => a + b, 0)).join(' / ')})`],
-    [
-      'workerd RSS start / at 1 min / max after / end / idle MB',
-      `${result.rssMb.start} / ${result.rssMb.atFirstMinute} / ${result.rssMb.maxAfterFirstMinute} / ${result.rssMb.end} / ${result.rssMb.idle}`,
-    ],
-    ['RSS slope after the first minute (garbage not yet collected included)', `${result.rssMb.slopeMbPerMinuteAfterFirstMinute} MB/min`],
-    ['RSS right after forced GC, each minute (MB)', result.rssMb.afterGc.map((g) => g.rssMb).join(' / ')],
-    ['slope of RSS after forced GC', `${result.rssMb.afterGcSlopeMbPerMinute} MB/min`],
-    ['JS objects after GC, per request after the first minute', `${result.heap?.objectBytesPerRequest ?? '-'} B (${result.heap?.requestsBetween ?? 0} requests)`],
-    ['whole heap after GC, per request after the first minute', `${result.heap?.heapBytesPerRequest ?? '-'} B`],
-    ['leases and engine connections back to 0', Number.isFinite(idleAfterMs) ? `${idleAfterMs} ms after the last client` : 'NOT within 30 s'],
-  ];
   const chart = {
     title: `workerd RSS over a ${minutes}-minute soak at concurrency ${concurrency} (MB)`,
     series: ['RSS MB'],
@@ -244,5 +275,38 @@ export async function runSoak(options) {
       { name: 'idle at the end', values: [result.rssMb.idle] },
     ],
   };
-  return { report: result, table: markdownTable(['soak', 'figure'], rows), chart };
+  return { report: result, table: soakTable(result), chart };
+}
+
+/** The soak's table from its report (also `npm run bench -- docs`). @param {any} result */
+export function soakTable(result) {
+  const rows = [
+    [
+      'Worker, length, clients, mix (complete / mid-stream / early / whole)',
+      `${result.target ?? 'router'}, ${result.minutes} min, ${result.concurrency}, ${result.shares ? KINDS.map((k) => result.shares[k]).join(' / ') : SHARES.join(' / ')}`,
+    ],
+    ['requests (complete / mid-stream / early / whole)', `${result.requests} (${KINDS.map((k) => Object.values(result.outcomes[k]).reduce((a, b) => a + b, 0)).join(' / ')})`],
+    [
+      'how they ended',
+      KINDS.map(
+        (k) =>
+          `${k}: ${
+            Object.entries(result.outcomes[k])
+              .map(([how, n]) => `${how} ${n}`)
+              .join(', ') || '-'
+          }`,
+      ).join('; '),
+    ],
+    [
+      'workerd RSS start / at 1 min / max after / end / idle MB',
+      `${result.rssMb.start} / ${result.rssMb.atFirstMinute} / ${result.rssMb.maxAfterFirstMinute} / ${result.rssMb.end} / ${result.rssMb.idle}`,
+    ],
+    ['RSS slope after the first minute (garbage not yet collected included)', `${result.rssMb.slopeMbPerMinuteAfterFirstMinute} MB/min`],
+    ['RSS right after forced GC, each minute (MB)', result.rssMb.afterGc.map((g) => g.rssMb).join(' / ')],
+    ['slope of RSS after forced GC', `${result.rssMb.afterGcSlopeMbPerMinute} MB/min`],
+    ['JS objects after GC, per request after the first minute', `${result.heap?.objectBytesPerRequest ?? '-'} B (${result.heap?.requestsBetween ?? 0} requests)`],
+    ['whole heap after GC, per request after the first minute', `${result.heap?.heapBytesPerRequest ?? '-'} B`],
+    ['leases and engine connections back to 0', Number.isFinite(result.idleAfterMs) ? `${result.idleAfterMs} ms after the last client` : 'NOT within 30 s'],
+  ];
+  return markdownTable(['soak', 'figure'], rows);
 }
