@@ -6,7 +6,8 @@ import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
 import { ConnectionSlots } from "../config/connection-slots";
-import { admissionOf, periodsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
+import { pollerCount } from "../config/plan";
+import { admissionOf, periodsOf, pollTimeoutMsOf, retryAfterSOf, signalsOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
@@ -17,6 +18,8 @@ import { RoutingPrecision } from "./routing-precision";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
 import { NodeSlices } from "./node-slices";
+import type { EngineReading } from "./engine-metrics";
+import { assignPollers, NewestReadings, pollerName, PollerWatch, type PushAnswer, type ReadingsPush } from "./poller-shards";
 import { PrefillUsageDetails } from "./prefill-usage-details";
 import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
@@ -52,6 +55,9 @@ export class ClusterState extends DurableObject {
   private readonly silent = new SilentNodes();
   private readonly rates = new NodeRateTable();
   private readonly precision = new RoutingPrecision();
+  /** sharded polling: the pollers' last pushes, and the newest reading taken a node */
+  private readonly pollers = new PollerWatch();
+  private readonly newest = new NewestReadings();
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -179,6 +185,21 @@ export class ClusterState extends DurableObject {
     else this.#freed(released);
   }
 
+  /**
+   * A poller's readings (sharded polling, poller-shards.ts): taken when pushed for the document in
+   * force and newer than what the node has; the poller hears `stale_version` otherwise.
+   */
+  pushReadings(push: ReadingsPush): PushAnswer {
+    const cluster = this.cluster;
+    if (!cluster || cluster.version !== push.version) return "stale_version";
+    const now = Date.now();
+    this.pollers.heard(push.poller, push.version, now);
+    // the poller's clock may run a little ahead of this one: a reading is never younger than now
+    for (const r of push.readings) if (this.newest.take(r)) this.#polled(r.node, r.reading, Math.min(r.at, now));
+    if (this.#admission.size > 0) this.#admitWaiting();
+    return "ok";
+  }
+
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
   editDocument(req: DocumentEditRequest): Promise<DocumentEditResult> {
     return this.#documentEditor.run(req);
@@ -219,7 +240,8 @@ export class ClusterState extends DurableObject {
   /**
    * Runs the jobs due (alarm-schedule.ts) — this sub-tick's slice of the probes and of the /metrics
    * polls (node-slices.ts), through the invocation's six connections — then re-arms itself.
-   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot.
+   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot. A pool
+   * past `signals.shardAbove` nodes is polled by poller objects: the poll job then only watches them.
    */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
@@ -235,15 +257,11 @@ export class ClusterState extends DurableObject {
             if (this.health.probed(node, ok, Date.now(), cluster.health)) this.prefixes.forget(node, "probes_recovered");
           })
         : null,
-      jobs.includes("poll")
-        ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
-            const health = this.health.get(node);
-            if (!health) return;
-            if (reading) this.signals.record(node, reading, Date.now());
-            if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
-            if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
-          })
-        : null,
+      !jobs.includes("poll")
+        ? null
+        : pollerCount(cluster.nodes.length, signalsOf(cluster)) > 0
+          ? this.#superviseShards(cluster, Date.now())
+          : pollNodes(env, pollTimeoutMsOf(cluster), this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => this.#polled(node, reading, Date.now())),
     ]);
     const now = Date.now();
     this.#sweep(now);
@@ -251,6 +269,44 @@ export class ClusterState extends DurableObject {
     if (this.cluster && this.#history.due(now)) this.#history.add(historyPoint(this.cluster, now, this.#sources));
     this.#admitWaiting();
     await this.ctx.storage.setAlarm(this.#schedule.next());
+  }
+
+  /** A node's /metrics poll answered at `at` (by this alarm, or a poller's push): `reading` null when it failed. */
+  #polled(node: string, reading: EngineReading | null, at: number): void {
+    const health = this.health.get(node);
+    if (!health) return;
+    if (reading) this.signals.record(node, reading, at);
+    if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
+    if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
+  }
+
+  /**
+   * Sharded polling: each poller is assigned its rendezvous share of the nodes when this document
+   * is new to it, and again when it has not pushed for 3 intervals (a Durable Object restarts on
+   * its next call, and `assign` re-arms a lost alarm); pollers past the count are stopped.
+   */
+  async #superviseShards(cluster: ClusterView, now: number): Promise<void> {
+    const s = signalsOf(cluster);
+    const count = pollerCount(cluster.nodes.length, s);
+    const stopped = this.pollers.trim(count);
+    const due = this.pollers.due(count, cluster.version, now, s.intervalMs);
+    if (due.length === 0 && stopped.length === 0) return;
+    const shards = assignPollers(cluster.nodes, count);
+    const known = new Map(this.pollers.lastHeard().map((p) => [p.poller, p]));
+    const calls = due.map((i) => {
+      const last = known.get(i);
+      if (last?.version === cluster.version) console.warn(JSON.stringify({ event: "signal_poller_silent", poller: i, silentMs: now - last.heard }));
+      this.pollers.assigned(i, cluster.version, now);
+      const nodes = (shards[i] ?? []).map(({ id, url, reach, apiKeySecret }) => ({ id, url, reach, apiKeySecret }));
+      return this.#poller(i).assign({ pool: this.ctx.id.toString(), poller: i, version: cluster.version, nodes, intervalMs: s.intervalMs, timeoutMs: pollTimeoutMsOf(cluster) });
+    });
+    const results = await Promise.allSettled([...calls, ...stopped.map((i) => this.#poller(i).stop())]);
+    for (const r of results) if (r.status === "rejected") console.warn(JSON.stringify({ event: "signal_poller_call_failed", message: String(r.reason) }));
+  }
+
+  #poller(i: number) {
+    const ns = (this.env as Cloudflare.Env).SIGNAL_POLLER;
+    return ns.get(ns.idFromName(pollerName(this.ctx.id.toString(), i)));
   }
 
   /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
@@ -386,6 +442,8 @@ export class ClusterState extends DurableObject {
     this.#applyCluster(view);
     writeKey(this.#sql, "cluster", JSON.stringify(view));
     void this.#ensureAlarm();
+    // a sharded pool's pollers hear the new document now, not at the next poll job
+    void this.#superviseShards(view, Date.now());
   }
 
   #applyCluster(view: ClusterView): void {
@@ -396,6 +454,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
+      this.newest.forget(id);
       this.silent.forget(id);
       this.rates.forget(id);
     }

@@ -3,7 +3,7 @@ import { SLICE_NODES, slicesFor } from "../../src/config/plan";
 import { parseClusterDocument } from "../../src/config/schema";
 import { ConnectionSlots } from "../../src/config/connection-slots";
 import { listModels } from "../../src/routes/models";
-import { periodsOf, slicesOf } from "../../src/state/cluster-settings";
+import { periodsOf, pollTimeoutMsOf, slicesOf } from "../../src/state/cluster-settings";
 import { pollNodes, probeNodes } from "../../src/state/node-fetch";
 import { NodeSlices } from "../../src/state/node-slices";
 import type { ClusterView } from "../../src/state/types";
@@ -94,7 +94,7 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
     const six = sixSlotFetch(() => new Response(vllmMetricsText({ kvUsage: 0.25, waiting: 1, running: 3 })));
     const pool = bigPool();
     const read: string[] = [];
-    await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pool, pool.nodes, new ConnectionSlots(), (node, reading) => {
+    await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pollTimeoutMsOf(pool), pool.nodes, new ConnectionSlots(), (node, reading) => {
       if (reading?.kvUsage === 0.25) read.push(node);
     });
     expect(read.sort()).toEqual([...ids].sort());
