@@ -71,7 +71,7 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
     problems.push({
       path: "nodes",
       message:
-        `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes and of the /metrics polls), ${allows}: ` +
+        `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes, and a slice of the /metrics polls or, sharded, a call to each poller object), ${allows}: ` +
         "lengthen health.intervalMs and signals.intervalMs (a longer period spreads the nodes over more one-second sub-ticks), split the nodes into pools by model, or use a plan that allows more",
     });
   }

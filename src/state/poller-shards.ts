@@ -123,6 +123,10 @@ export class PollerWatch {
     return gone;
   }
 
+  clear(): void {
+    this.#pollers.clear();
+  }
+
   /** Each poller's last push (or assignment), for the status. */
   lastHeard(): Array<{ poller: number; version: string; heard: number }> {
     return [...this.#pollers].map(([poller, p]) => ({ poller, ...p })).sort((a, b) => a.poller - b.poller);

@@ -118,15 +118,20 @@ describe("each job is spread over its period: a slice of the nodes a sub-tick", 
     expect(slicesFor(4, 1_000)).toBe(1);
   });
 
-  it("512 nodes: probes every 10 s go out as 10 slices a second apart, polls every 5 s as 5", () => {
+  it("512 nodes polled by the pool's own object: probes every 10 s go out as 10 slices a second apart, polls every 5 s as 5", () => {
     const base = bigPool();
     const pool: ClusterView = {
       ...base,
-      signals: { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8 },
+      // sharding off (it starts above 256 nodes by default): the object's own alarm polls
+      signals: { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8, shardAbove: 1_000 },
       nodes: Array.from({ length: 512 }, (_, i) => ({ ...base.nodes[0]!, id: `n${i}` })),
     };
     expect(slicesOf(pool)).toEqual({ probe: 10, poll: 5 });
     expect(periodsOf(pool)).toEqual({ probe: 1_000, poll: 1_000 });
+    // sharded (the default at 512): poller objects poll, and the poll job only watches them once a period
+    const sharded: ClusterView = { ...pool, signals: { ...pool.signals!, shardAbove: undefined } };
+    expect(slicesOf(sharded)).toEqual({ probe: 10, poll: 1 });
+    expect(periodsOf(sharded)).toEqual({ probe: 1_000, poll: 5_000 });
   });
 
   it("every node is visited exactly once in each period, whatever the node and slice counts", () => {
