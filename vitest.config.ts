@@ -106,6 +106,21 @@ export default defineConfig({
           hookTimeout: 30000,
         },
       },
+      // A measurement, not a test: only when asked (test/worker-bench/sharded-polling.test.ts says how)
+      ...(process.env.PD_BENCH_SHARDED_S
+        ? [
+            {
+              plugins: [
+                cloudflareTest({
+                  main: "./src/index.ts",
+                  wrangler: { configPath: "./wrangler.toml" },
+                  miniflare: { bindings: { CONFIG_TTL_MS: "0", BENCH_SECONDS: process.env.PD_BENCH_SHARDED_S, BENCH_SHARD_ABOVE: process.env.PD_BENCH_SHARD_ABOVE ?? "256" } },
+                }),
+              ],
+              test: { name: "worker-bench", include: ["test/worker-bench/*.test.ts"], testTimeout: 3_600_000 },
+            },
+          ]
+        : []),
       {
         test: {
           name: "node",
