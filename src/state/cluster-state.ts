@@ -234,7 +234,10 @@ export class ClusterState extends DurableObject {
     const now = Date.now();
     if (cluster) this.#syncCluster(cluster);
     this.#sweep(now);
-    return clusterSnapshot(this.cluster, this.#sources, now, withHistory);
+    const snap = clusterSnapshot(this.cluster, this.#sources, now, withHistory);
+    const count = this.cluster ? pollerCount(this.cluster.nodes.length, signalsOf(this.cluster)) : 0;
+    if (count > 0) snap.pollers = this.#pollerStatus(this.cluster!, count, now);
+    return snap;
   }
 
   /**
@@ -302,6 +305,11 @@ export class ClusterState extends DurableObject {
     });
     const results = await Promise.allSettled([...calls, ...stopped.map((i) => this.#poller(i).stop())]);
     for (const r of results) if (r.status === "rejected") console.warn(JSON.stringify({ event: "signal_poller_call_failed", message: String(r.reason) }));
+  }
+
+  #pollerStatus(cluster: ClusterView, count: number, now: number): NonNullable<ClusterSnapshot["pollers"]> {
+    const heard = new Map(this.pollers.lastHeard().map((p) => [p.poller, p.heard]));
+    return assignPollers(cluster.nodes, count).map((shard, poller) => ({ poller, nodes: shard.length, silentMs: Math.max(0, now - (heard.get(poller) ?? now)) }));
   }
 
   #poller(i: number) {

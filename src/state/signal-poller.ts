@@ -18,6 +18,8 @@ export class SignalPoller extends DurableObject {
   #assignment: PollerAssignment | null = null;
   readonly #slices = new NodeSlices();
   #seq = 0;
+  /** when this run was due: the next is one sub-tick after it, not after the run started late */
+  #due: number | null = null;
 
   constructor(ctx: DurableObjectState, env: unknown) {
     super(ctx, env as never);
@@ -38,6 +40,7 @@ export class SignalPoller extends DurableObject {
   /** No nodes any more (the pool shrank or stopped sharding): no alarm, nothing kept. */
   async stop(): Promise<void> {
     this.#assignment = null;
+    this.#due = null;
     await this.ctx.storage.deleteAlarm();
     await this.ctx.storage.deleteAll();
   }
@@ -48,8 +51,13 @@ export class SignalPoller extends DurableObject {
     if (!a) return;
     const started = Date.now();
     const slices = slicesFor(a.nodes.length, a.intervalMs);
+    const subtick = Math.floor(a.intervalMs / slices);
+    // an alarm fires a little late: scheduled from when it was due, every node keeps its period
+    let next = (this.#due ?? started) + subtick;
+    if (next <= started) next = started + subtick;
+    this.#due = next;
     // armed first: a push that throws (the pool's object unreachable) must not end the polling
-    await this.ctx.storage.setAlarm(started + Math.floor(a.intervalMs / slices));
+    await this.ctx.storage.setAlarm(next);
     const readings: SignalReading[] = [];
     const nodes = this.#slices.take("poll", a.nodes, slices);
     await pollNodes(this.env as unknown as Record<string, unknown>, a.timeoutMs, nodes, new ConnectionSlots(), (node, reading) => {

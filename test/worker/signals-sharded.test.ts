@@ -111,6 +111,11 @@ describe("readings from poller objects", () => {
     // each poller's first alarm runs at once on its assignment
     await waitFor("every node's reading", snapshot, (s) => s.nodes.every((n) => n.signals !== null));
     expect(await totalMetricsRequests()).toBe(before + NODES.length);
+    // the status data names the pollers, their nodes and how long since each pushed
+    const pollers = (await snapshot()).pollers!;
+    expect(pollers.map((p) => p.poller)).toEqual([0, 1, 2]);
+    expect(pollers.reduce((sum, p) => sum + p.nodes, 0)).toBe(NODES.length);
+    expect(pollers.every((p) => p.silentMs < 5_000)).toBe(true);
 
     const route = await explain();
     const byId = Object.fromEntries(route.candidates.decode.map((c: any) => [c.id, c]));
