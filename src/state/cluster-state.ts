@@ -6,8 +6,7 @@ import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
 import { ConnectionSlots } from "../config/connection-slots";
-import { pollerCount } from "../config/plan";
-import { admissionOf, periodsOf, pollTimeoutMsOf, retryAfterSOf, signalsOf, slicesOf } from "./cluster-settings";
+import { admissionOf, periodsOf, pollTimeoutMsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
@@ -19,7 +18,8 @@ import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
 import { NodeSlices } from "./node-slices";
 import type { EngineReading } from "./engine-metrics";
-import { assignPollers, NewestReadings, pollerName, PollerWatch, type PushAnswer, type ReadingsPush } from "./poller-shards";
+import type { PushAnswer, ReadingsPush } from "./poller-shards";
+import { SignalPollers } from "./signal-pollers";
 import { PrefillUsageDetails } from "./prefill-usage-details";
 import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
@@ -55,9 +55,8 @@ export class ClusterState extends DurableObject {
   private readonly silent = new SilentNodes();
   private readonly rates = new NodeRateTable();
   private readonly precision = new RoutingPrecision();
-  /** sharded polling: the pollers' last pushes, and the newest reading taken a node */
-  private readonly pollers = new PollerWatch();
-  private readonly newest = new NewestReadings();
+  /** sharded polling of a large pool: its poller objects (signal-pollers.ts) */
+  private readonly pollers = new SignalPollers(this.ctx.id.toString(), () => (this.env as Partial<Cloudflare.Env>).SIGNAL_POLLER);
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -190,14 +189,9 @@ export class ClusterState extends DurableObject {
    * force and newer than what the node has; the poller hears `stale_version` otherwise.
    */
   pushReadings(push: ReadingsPush): PushAnswer {
-    const cluster = this.cluster;
-    if (!cluster || cluster.version !== push.version) return "stale_version";
-    const now = Date.now();
-    this.pollers.heard(push.poller, push.version, now);
-    // the poller's clock may run a little ahead of this one: a reading is never younger than now
-    for (const r of push.readings) if (this.newest.take(r)) this.#polled(r.node, r.reading, Math.min(r.at, now));
-    if (this.#admission.size > 0) this.#admitWaiting();
-    return "ok";
+    const answer = this.pollers.take(push, this.cluster, Date.now(), (node, reading, at) => this.#polled(node, reading, at));
+    if (answer === "ok" && this.#admission.size > 0) this.#admitWaiting();
+    return answer;
   }
 
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
@@ -235,9 +229,8 @@ export class ClusterState extends DurableObject {
     if (cluster) this.#syncCluster(cluster);
     this.#sweep(now);
     const snap = clusterSnapshot(this.cluster, this.#sources, now, withHistory);
-    const count = this.cluster ? pollerCount(this.cluster.nodes.length, signalsOf(this.cluster)) : 0;
-    if (count > 0) snap.pollers = this.#pollerStatus(this.cluster!, count, now);
-    return snap;
+    const pollers = this.pollers.status(this.cluster, now);
+    return pollers ? { ...snap, pollers } : snap;
   }
 
   /**
@@ -262,8 +255,8 @@ export class ClusterState extends DurableObject {
         : null,
       !jobs.includes("poll")
         ? null
-        : pollerCount(cluster.nodes.length, signalsOf(cluster)) > 0
-          ? this.#superviseShards(cluster, Date.now())
+        : this.pollers.count(cluster) > 0
+          ? this.pollers.supervise(cluster, Date.now())
           : pollNodes(env, pollTimeoutMsOf(cluster), this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => this.#polled(node, reading, Date.now())),
     ]);
     const now = Date.now();
@@ -281,40 +274,6 @@ export class ClusterState extends DurableObject {
     if (reading) this.signals.record(node, reading, at);
     if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
     if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
-  }
-
-  /**
-   * Sharded polling: each poller is assigned its rendezvous share of the nodes when this document
-   * is new to it, and again when it has not pushed for 3 intervals (a Durable Object restarts on
-   * its next call, and `assign` re-arms a lost alarm); pollers past the count are stopped.
-   */
-  async #superviseShards(cluster: ClusterView, now: number): Promise<void> {
-    const s = signalsOf(cluster);
-    const count = pollerCount(cluster.nodes.length, s);
-    const stopped = this.pollers.trim(count);
-    const due = this.pollers.due(count, cluster.version, now, s.intervalMs);
-    if (due.length === 0 && stopped.length === 0) return;
-    const shards = assignPollers(cluster.nodes, count);
-    const known = new Map(this.pollers.lastHeard().map((p) => [p.poller, p]));
-    const calls = due.map((i) => {
-      const last = known.get(i);
-      if (last?.version === cluster.version) console.warn(JSON.stringify({ event: "signal_poller_silent", poller: i, silentMs: now - last.heard }));
-      this.pollers.assigned(i, cluster.version, now);
-      const nodes = (shards[i] ?? []).map(({ id, url, reach, apiKeySecret }) => ({ id, url, reach, apiKeySecret }));
-      return this.#poller(i).assign({ pool: this.ctx.id.toString(), poller: i, version: cluster.version, nodes, intervalMs: s.intervalMs, timeoutMs: pollTimeoutMsOf(cluster) });
-    });
-    const results = await Promise.allSettled([...calls, ...stopped.map((i) => this.#poller(i).stop())]);
-    for (const r of results) if (r.status === "rejected") console.warn(JSON.stringify({ event: "signal_poller_call_failed", message: String(r.reason) }));
-  }
-
-  #pollerStatus(cluster: ClusterView, count: number, now: number): NonNullable<ClusterSnapshot["pollers"]> {
-    const heard = new Map(this.pollers.lastHeard().map((p) => [p.poller, p.heard]));
-    return assignPollers(cluster.nodes, count).map((shard, poller) => ({ poller, nodes: shard.length, silentMs: Math.max(0, now - (heard.get(poller) ?? now)) }));
-  }
-
-  #poller(i: number) {
-    const ns = (this.env as Cloudflare.Env).SIGNAL_POLLER;
-    return ns.get(ns.idFromName(pollerName(this.ctx.id.toString(), i)));
   }
 
   /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
@@ -451,7 +410,7 @@ export class ClusterState extends DurableObject {
     writeKey(this.#sql, "cluster", JSON.stringify(view));
     void this.#ensureAlarm();
     // a sharded pool's pollers hear the new document now, not at the next poll job
-    void this.#superviseShards(view, Date.now());
+    void this.pollers.supervise(view, Date.now());
   }
 
   #applyCluster(view: ClusterView): void {
@@ -462,7 +421,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
-      this.newest.forget(id);
+      this.pollers.forget(id);
       this.silent.forget(id);
       this.rates.forget(id);
     }

@@ -54,7 +54,6 @@ beforeEach(async () => {
   // the pool's object forgets its pollers too: each test assigns them afresh
   await (runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>)(stub(), (instance) => {
     instance.pollers.clear();
-    instance.newest.clear();
   });
   await resetEngines();
   for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1));
