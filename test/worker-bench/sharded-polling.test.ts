@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import { pollerCount } from "../../src/config/plan";
 import { pollerName } from "../../src/state/poller-shards";
 import { vllmMetricsText } from "../support/engine-metrics-text";
+import { type SixSlotFetch, sixSlotFetch } from "../support/six-slot-fetch";
 
 // Measurement of sharded polling (issue 24 item 2; docs/scaling.md): 512 nodes, every one answering
 // its headers 50 ms after it is sent, behind a six-slot emulator of Cloudflare's per-invocation
@@ -10,66 +11,19 @@ import { vllmMetricsText } from "../support/engine-metrics-text";
 // slots: at most what an invocation of it gets). Default settings: probes every 10 s, polls every
 // 5 s, stale after 15 s, sharded above 256 nodes, 128 a poller. Run only on purpose:
 //   PD_BENCH_SHARDED_S=600 npx vitest run --project worker-bench
-// (PD_BENCH_SHARD_ABOVE=100000: the same 512 nodes polled by the pool's own object, for comparison)
+// (PD_BENCH_SHARD_ABOVE=100000: the same 512 nodes polled by the pool's own object, for comparison;
+// PD_BENCH_HEADERS_MS=150: every node slower to answer)
 // Prints one JSON line: nodes falsely down (probe down or not healthy, although every node
 // answers), signal age percentiles against the interval, polls and probes timed out.
 
 const NODES = 512;
-const HEADERS_MS = 50;
-const benchEnv = env as unknown as { BENCH_SECONDS?: string; BENCH_SHARD_ABOVE?: string };
+
+const benchEnv = env as unknown as { BENCH_SECONDS?: string; BENCH_SHARD_ABOVE?: string; BENCH_HEADERS_MS?: string };
 const SECONDS = Number(benchEnv.BENCH_SECONDS ?? "60");
+// BENCH_HEADERS_MS: a slower tunnel or engine
+const HEADERS_MS = Number(benchEnv.BENCH_HEADERS_MS ?? "50");
 // a page of about 20 KB, the small end of a real vLLM's (the pollers parse it; the pool never does)
 const PAGE = `${vllmMetricsText({ kvUsage: 0.3, waiting: 0, running: 4, capacityTokens: 512_000 })}${"# padding to a real page's size\n".repeat(600)}`;
-
-interface Emulator {
-  fetch: (input: RequestInfo | URL, init?: RequestInit) => Promise<Response>;
-  stats: { sent: number; aborted: number; maxBusy: number };
-}
-
-/** `fetch` behind six FIFO slots, as Cloudflare runs it per invocation: a queued request's timer runs while it waits. */
-function sixSlotFetch(): Emulator {
-  const waiting: Array<() => void> = [];
-  const stats = { sent: 0, aborted: 0, maxBusy: 0 };
-  let busy = 0;
-  const release = () => {
-    busy--;
-    waiting.shift()?.();
-  };
-  const fetch = (input: RequestInfo | URL, init?: RequestInit): Promise<Response> =>
-    new Promise<Response>((resolve, reject) => {
-      const signal = init?.signal ?? null;
-      if (signal?.aborted) return reject(signal.reason);
-      let state: "queued" | "sent" | "done" = "queued";
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const abort = () => {
-        if (state === "queued") waiting.splice(waiting.indexOf(start), 1);
-        if (state === "sent") {
-          clearTimeout(timer);
-          release();
-        }
-        state = "done";
-        stats.aborted++;
-        reject(signal?.reason);
-      };
-      const start = () => {
-        state = "sent";
-        busy++;
-        stats.sent++;
-        stats.maxBusy = Math.max(stats.maxBusy, busy);
-        timer = setTimeout(() => {
-          state = "done";
-          signal?.removeEventListener("abort", abort);
-          release();
-          const path = new URL(typeof input === "string" || input instanceof URL ? String(input) : input.url).pathname;
-          resolve(new Response(path === "/metrics" ? PAGE : "ok"));
-        }, HEADERS_MS);
-      };
-      signal?.addEventListener("abort", abort, { once: true });
-      if (busy < 6) start();
-      else waiting.push(start);
-    });
-  return { fetch, stats };
-}
 
 const run = runInDurableObject as unknown as <T>(stub: unknown, cb: (instance: any, state: DurableObjectState) => T | Promise<T>) => Promise<T>;
 const pool = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
@@ -87,7 +41,7 @@ describe("sharded polling at 512 nodes under the six-connection rule", () => {
     const envs = new Set<unknown>();
     for (const o of objects)
       await run(o, (instance) => {
-        const six = sixSlotFetch();
+        const six = sixSlotFetch((url) => new Response(url.pathname === "/metrics" ? PAGE : "ok"), HEADERS_MS);
         // the objects share one env: each gets its own, over it, holding its own emulator
         instance.env = Object.assign(Object.create(instance.env), { VPC_SIX: six });
         envs.add(instance.env);
@@ -145,7 +99,7 @@ describe("sharded polling at 512 nodes under the six-connection rule", () => {
         else missingAfterWarmup++;
       }
     }
-    const stats = (globalThis as any).__six as Emulator["stats"][];
+    const stats = (globalThis as any).__six as SixSlotFetch["stats"][];
     const result = {
       bench: "sharded-polling",
       seconds: SECONDS,

@@ -8,6 +8,7 @@ import { pollNodes, probeNodes } from "../../src/state/node-fetch";
 import { NodeSlices } from "../../src/state/node-slices";
 import type { ClusterView } from "../../src/state/types";
 import { vllmMetricsText } from "../support/engine-metrics-text";
+import { sixSlotFetch } from "../support/six-slot-fetch";
 
 // Cloudflare lets one invocation have six connections waiting for response headers; a seventh is
 // queued until one of them has its headers, with its AbortSignal.timeout already running
@@ -21,48 +22,6 @@ import { vllmMetricsText } from "../support/engine-metrics-text";
 const HEADERS_MS = 50;
 const TIMEOUT_MS = 1_000;
 const NODES = 240;
-
-/** `fetch` behind six FIFO slots, as Cloudflare runs it: a queued request's signal can fire while it waits. */
-function sixSlotFetch(answer: (url: URL) => Response) {
-  const waiting: Array<() => void> = [];
-  let busy = 0;
-  let maxBusy = 0;
-  const release = () => {
-    busy--;
-    waiting.shift()?.();
-  };
-  const fetch = (input: RequestInfo | URL, init?: RequestInit): Promise<Response> =>
-    new Promise<Response>((resolve, reject) => {
-      const signal = init?.signal ?? null;
-      if (signal?.aborted) return reject(signal.reason);
-      let state: "queued" | "sent" | "done" = "queued";
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const abort = () => {
-        if (state === "queued") waiting.splice(waiting.indexOf(start), 1);
-        if (state === "sent") {
-          clearTimeout(timer);
-          release();
-        }
-        state = "done";
-        reject(signal?.reason);
-      };
-      const start = () => {
-        state = "sent";
-        busy++;
-        maxBusy = Math.max(maxBusy, busy);
-        timer = setTimeout(() => {
-          state = "done";
-          signal?.removeEventListener("abort", abort);
-          release();
-          resolve(answer(new URL(String(input))));
-        }, HEADERS_MS);
-      };
-      signal?.addEventListener("abort", abort, { once: true });
-      if (busy < 6) start();
-      else waiting.push(start);
-    });
-  return { fetch, maxBusy: () => maxBusy };
-}
 
 const ids = Array.from({ length: NODES }, (_, i) => `n${i}`);
 
@@ -80,7 +39,7 @@ function bigPool(): ClusterView {
 
 describe("the alarm's probes and polls under the six-connection cap", () => {
   it("240 healthy nodes answering in 50 ms: every probe is up (none falsely down), at most six waiting for headers", async () => {
-    const six = sixSlotFetch(() => new Response("ok"));
+    const six = sixSlotFetch(() => new Response("ok"), HEADERS_MS);
     const pool = bigPool();
     const up: string[] = [];
     await probeNodes({ VPC_SIX: { fetch: six.fetch } }, pool, pool.nodes, new ConnectionSlots(), (node, ok) => {
@@ -91,7 +50,7 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
   });
 
   it("240 nodes' /metrics: every poll gives a reading (none lost to a timer that ran while queued)", async () => {
-    const six = sixSlotFetch(() => new Response(vllmMetricsText({ kvUsage: 0.25, waiting: 1, running: 3 })));
+    const six = sixSlotFetch(() => new Response(vllmMetricsText({ kvUsage: 0.25, waiting: 1, running: 3 })), HEADERS_MS);
     const pool = bigPool();
     const read: string[] = [];
     await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pollTimeoutMsOf(pool), pool.nodes, new ConnectionSlots(), (node, reading) => {
@@ -103,7 +62,7 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
 
 describe("GET /v1/models under the six-connection cap", () => {
   it("240 nodes without a models list: every node's models are listed", async () => {
-    const six = sixSlotFetch((url) => Response.json({ data: [{ id: `m-${url.hostname}` }] }));
+    const six = sixSlotFetch((url) => Response.json({ data: [{ id: `m-${url.hostname}` }] }), HEADERS_MS);
     const parsed = parseClusterDocument({ protocol: "colocated", nodes: bigPool().nodes.map(({ id, url }) => ({ id, url, role: "both" })) });
     if (!parsed.ok) throw new Error(JSON.stringify(parsed.problems));
     const names = await listModels(parsed.config, { fetch: six.fetch as typeof fetch, timeoutMs: TIMEOUT_MS });

@@ -36,6 +36,14 @@ async function putSharded(signals: Record<string, number>): Promise<void> {
 
 const poller = (i: number) => env.SIGNAL_POLLER.get(env.SIGNAL_POLLER.idFromName(pollerName(stub().id.toString(), i)));
 const signalsOf = async (id: string) => (await snapshot()).nodes.find((n) => n.id === id)!.signals;
+/** waits for the node's first reading from its poller, showing `kvUsage` */
+const firstReading = (id: string, kvUsage: number) =>
+  waitFor(
+    `${id}'s reading`,
+    () => signalsOf(id),
+    (s) => s?.kvUsage === kvUsage,
+    FIRST_READING_MS,
+  );
 const totalMetricsRequests = async () => {
   let sum = 0;
   for (const id of ["p0", "d0", "d1", "c0"]) sum += (await frontStats(id)).metricsRequests;
@@ -130,12 +138,7 @@ describe("readings from poller objects", () => {
 
   it("a new reading replaces the last at the poller's next run", async () => {
     await putSharded({ intervalMs: 600_000, staleMs: 1_200_000 });
-    await waitFor(
-      "d1's reading",
-      () => signalsOf("d1"),
-      (s) => s?.kvUsage === 0.1,
-      FIRST_READING_MS,
-    );
+    await firstReading("d1", 0.1);
     await setMetrics("d1", kv(0.6));
     const home = assignPollers(NODES, 3).findIndex((shard) => shard.some((n) => n.id === "d1"));
     await runDurableObjectAlarm(poller(home) as never);
@@ -147,12 +150,7 @@ describe("stale readings are ignored", () => {
   it("a push for another document version, or not newer than the node's newest (at, seq), changes nothing", async () => {
     await setMetrics("d1", kv(0.2));
     await putSharded({ intervalMs: 600_000, staleMs: 1_200_000 });
-    const held = await waitFor(
-      "d1's reading",
-      () => signalsOf("d1"),
-      (s) => s?.kvUsage === 0.2,
-      FIRST_READING_MS,
-    );
+    const held = await firstReading("d1", 0.2);
     const version = (await snapshot()).version!;
     const reading = { kvUsage: 0.7, waiting: 0, running: 1, kvCapacityTokens: null };
 
@@ -178,12 +176,7 @@ describe("a poller that dies is replaced", () => {
     const warn = vi.spyOn(console, "warn");
     await setMetrics("d1", kv(0.2));
     await putSharded({ intervalMs: 1_000, staleMs: 60_000 });
-    await waitFor(
-      "d1's reading",
-      () => signalsOf("d1"),
-      (s) => s?.kvUsage === 0.2,
-      FIRST_READING_MS,
-    );
+    await firstReading("d1", 0.2);
     const home = assignPollers(NODES, 3).findIndex((shard) => shard.some((n) => n.id === "d1"));
 
     await poller(home).stop();
