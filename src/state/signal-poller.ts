@@ -45,7 +45,7 @@ export class SignalPoller extends DurableObject {
     await this.ctx.storage.deleteAll();
   }
 
-  /** This sub-tick's slice of the nodes, polled six at a time, then one push to the pool's object. */
+  /** This sub-tick's slice of the nodes, polled six at a time, then one push to the pool's object (empty too: it says the poller lives). */
   override async alarm(): Promise<void> {
     const a = this.#assignment;
     if (!a) return;
@@ -63,7 +63,6 @@ export class SignalPoller extends DurableObject {
     await pollNodes(this.env as unknown as Record<string, unknown>, a.timeoutMs, nodes, new ConnectionSlots(), (node, reading) => {
       readings.push({ node, reading, at: Date.now(), seq: ++this.#seq });
     });
-    if (readings.length === 0) return;
     const pools = (this.env as Cloudflare.Env).CLUSTER_STATE;
     let answer: PushAnswer;
     try {
