@@ -1,6 +1,16 @@
 import { cloudflareTest } from "@cloudflare/vitest-pool-workers";
 import { defineConfig } from "vitest/config";
 
+/** The Worker under test with these bindings (the measurement project's). */
+const routerWorker = (bindings: Record<string, string>) => cloudflareTest({ main: "./src/index.ts", wrangler: { configPath: "./wrangler.toml" }, miniflare: { bindings } });
+
+/** test/worker-bench/sharded-polling.test.ts's settings, from the environment. */
+const benchBindings = () => ({
+  BENCH_SECONDS: process.env.PD_BENCH_SHARDED_S ?? "60",
+  BENCH_SHARD_ABOVE: process.env.PD_BENCH_SHARD_ABOVE ?? "256",
+  BENCH_HEADERS_MS: process.env.PD_BENCH_HEADERS_MS ?? "50",
+});
+
 // Two projects: the Worker suite runs inside workerd (the product), the Node suite
 // covers the simulated engines and the benchmark, which are Node programs.
 export default defineConfig({
@@ -106,6 +116,15 @@ export default defineConfig({
           hookTimeout: 30000,
         },
       },
+      // A measurement, not a test: only when asked (test/worker-bench/sharded-polling.test.ts says how)
+      ...(process.env.PD_BENCH_SHARDED_S
+        ? [
+            {
+              plugins: [routerWorker({ CONFIG_TTL_MS: "0", ...benchBindings() })],
+              test: { name: "worker-bench", include: ["test/worker-bench/*.test.ts"], testTimeout: 3_600_000 },
+            },
+          ]
+        : []),
       {
         test: {
           name: "node",

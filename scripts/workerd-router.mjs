@@ -75,7 +75,8 @@ const mf = new Miniflare({
     ? {}
     : {
         kvNamespaces: ['NODES'],
-        durableObjects: { CLUSTER_STATE: { className: 'ClusterState', useSQLite: true } },
+        // as wrangler.toml binds them (SignalPoller: sharded polling of a pool past signals.shardAbove nodes)
+        durableObjects: { CLUSTER_STATE: { className: 'ClusterState', useSQLite: true }, SIGNAL_POLLER: { className: 'SignalPoller', useSQLite: true } },
         // wrangler.toml's [assets] (the status page): files of assets/, read by the Worker through ASSETS
         serviceBindings: { ASSETS: (/** @type {Request} */ request) => staticAsset(root, request) },
         kvPersist: path.join(persistDir, 'kv'),

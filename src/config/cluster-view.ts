@@ -25,6 +25,10 @@ export interface SignalSettings {
   staleMs: number;
   kvBusy: number;
   queueBusy: number;
+  /** more nodes than this: /metrics polls go to poller objects (absent in views saved before: the default) */
+  shardAbove?: number | undefined;
+  /** the nodes one poller object polls */
+  nodesPerPoller?: number | undefined;
 }
 
 /** admission.* of the cluster document (SPEC 8, 9) */

@@ -1,5 +1,6 @@
 import { nodePools } from "./pools";
-import type { ClusterConfig, ConfigDefaults, Problem } from "./schema";
+import type { SignalSettings } from "./cluster-view";
+import { type ClusterConfig, type ConfigDefaults, DEFAULT_NODES_PER_POLLER, DEFAULT_SHARD_ABOVE, type Problem } from "./schema";
 
 // What one invocation of the router may send, and what a cluster document makes it send.
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
@@ -36,10 +37,21 @@ export function planOf(value: string | undefined): { limit: number; name: string
   return Number.isInteger(n) && n > 0 ? { limit: n, name: `[limits] subrequests = ${n}` } : null;
 }
 
-/** The most external subrequests one run of a pool's alarm sends: a probe slice and a poll slice due together. */
+/** How many poller objects poll a pool of `nodes` nodes (docs/scaling.md, "Sharded polling"): 0 while its own object covers them. */
+export function pollerCount(nodes: number, s: Pick<SignalSettings, "shardAbove" | "nodesPerPoller">): number {
+  if (nodes <= (s.shardAbove ?? DEFAULT_SHARD_ABOVE)) return 0;
+  return Math.ceil(nodes / (s.nodesPerPoller ?? DEFAULT_NODES_PER_POLLER));
+}
+
+/**
+ * The most subrequests one run of a pool's alarm sends: a probe slice and a poll slice due
+ * together; sharded, a call to each poller instead of the poll slice (and a poller's own run
+ * sends a slice of its share, fewer than the pool's).
+ */
 export function alarmSubrequests(nodes: number, c: Pick<ClusterConfig, "health" | "signals">): number {
   const slice = (period: number) => Math.ceil(nodes / slicesFor(nodes, period));
-  return slice(c.health.intervalMs) + slice(c.signals.intervalMs);
+  const pollers = pollerCount(nodes, c.signals);
+  return slice(c.health.intervalMs) + (pollers > 0 ? pollers : slice(c.signals.intervalMs));
 }
 
 /** Nodes one GET /v1/models asks (each URL once): those without a `models` list. */
@@ -59,7 +71,7 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
     problems.push({
       path: "nodes",
       message:
-        `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes and of the /metrics polls), ${allows}: ` +
+        `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes, and a slice of the /metrics polls or, sharded, a call to each poller object), ${allows}: ` +
         "lengthen health.intervalMs and signals.intervalMs (a longer period spreads the nodes over more one-second sub-ticks), split the nodes into pools by model, or use a plan that allows more",
     });
   }

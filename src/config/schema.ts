@@ -180,8 +180,20 @@ const HealthSchema = strictObject({
 // signals: how often the object polls each node's /metrics, when a reading is too old to use, and
 // the decode KV guard's thresholds. admission: how long and how many requests may wait at the
 // edge when every decode node that could serve them is busy.
+// Sharded polling (docs/scaling.md): one invocation has six connections waiting for headers, so at
+// 50 ms to headers it sends at most 6 / 0.05 = 120 fetches a second. The pool object's alarm sends
+// n / 10 s probes and n / 5 s polls a second at the defaults (0.3 n): 400 nodes fill it. Tunnels
+// slower than 50 ms (80 ms: 75 fetches a second, 250 nodes) leave less, so above 256 nodes the
+// polls go to poller objects, each 128 nodes (26 polls a second: a fifth of its own six slots).
+/** A pool of more nodes than this hands its /metrics polls to poller objects. */
+export const DEFAULT_SHARD_ABOVE = 256;
+/** The nodes one poller object polls (at most; rendezvous spreads them, so about). */
+export const DEFAULT_NODES_PER_POLLER = 128;
+
 const SignalsSchema = strictObject({
   intervalMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 3_600_000, maxMessage: AT_MOST_1_HOUR }), 5_000),
+  shardAbove: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), DEFAULT_SHARD_ABOVE),
+  nodesPerPoller: v.optional(positiveInt({ max: 10_000, maxMessage: "must be at most 10000" }), DEFAULT_NODES_PER_POLLER),
   staleMs: v.optional(positiveInt({ min: 1_000, minMessage: AT_LEAST_1_S, max: 86_400_000, maxMessage: AT_MOST_1_DAY }), 15_000),
   kvBusy: v.optional(v.pipe(v.number(), gtValue(0, "must be above 0"), maxValue(1, "must be at most 1")), 0.9),
   queueBusy: v.optional(positiveInt({ max: 100_000, maxMessage: "must be at most 100000" }), 8),

@@ -1,4 +1,4 @@
-import { slicesFor } from "../config/plan";
+import { pollerCount, slicesFor } from "../config/plan";
 import type { AdmissionSettings, SignalSettings } from "../config/cluster-view";
 import type { AlarmJob } from "./alarm-schedule";
 import type { ClusterView } from "./types";
@@ -16,7 +16,9 @@ const fullPeriodsOf = (c: ClusterView): Record<AlarmJob, number> => ({ probe: c.
 /** into how many slices of the nodes each job is spread over its period (src/config/plan.ts `slicesFor`) */
 export function slicesOf(c: ClusterView): Record<AlarmJob, number> {
   const full = fullPeriodsOf(c);
-  return { probe: slicesFor(c.nodes.length, full.probe), poll: slicesFor(c.nodes.length, full.poll) };
+  // sharded: pollers poll, and the poll job only watches them, once a period
+  const poll = pollerCount(c.nodes.length, signalsOf(c)) > 0 ? 1 : slicesFor(c.nodes.length, full.poll);
+  return { probe: slicesFor(c.nodes.length, full.probe), poll };
 }
 /** each job's sub-tick: its period over its slices (a slice of the nodes a sub-tick) */
 export function periodsOf(c: ClusterView): Record<AlarmJob, number> {

@@ -6,7 +6,7 @@ import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
 import { ConnectionSlots } from "../config/connection-slots";
-import { admissionOf, periodsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
+import { admissionOf, periodsOf, pollTimeoutMsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
 import { EdgeAdmission } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
@@ -17,6 +17,9 @@ import { RoutingPrecision } from "./routing-precision";
 import { pollNodes, probeNodes } from "./node-fetch";
 import { NodeHistory } from "./node-history";
 import { NodeSlices } from "./node-slices";
+import type { EngineReading } from "./engine-metrics";
+import type { PushAnswer, ReadingsPush } from "./poller-shards";
+import { SignalPollers } from "./signal-pollers";
 import { PrefillUsageDetails } from "./prefill-usage-details";
 import { PrefixMemory } from "./prefix-memory";
 import { RecentShare } from "./recent-share";
@@ -52,6 +55,8 @@ export class ClusterState extends DurableObject {
   private readonly silent = new SilentNodes();
   private readonly rates = new NodeRateTable();
   private readonly precision = new RoutingPrecision();
+  /** sharded polling of a large pool: its poller objects (signal-pollers.ts) */
+  private readonly pollers = new SignalPollers(this.ctx.id.toString(), () => (this.env as Partial<Cloudflare.Env>).SIGNAL_POLLER);
   readonly #leases = new LeaseTable(leaseTtlMsOf(this.env));
   readonly #stats = new RouterStats();
   readonly #schedule = new AlarmSchedule();
@@ -179,6 +184,16 @@ export class ClusterState extends DurableObject {
     else this.#freed(released);
   }
 
+  /**
+   * A poller's readings (sharded polling, poller-shards.ts): taken when pushed for the document in
+   * force and newer than what the node has; the poller hears `stale_version` otherwise.
+   */
+  pushReadings(push: ReadingsPush): PushAnswer {
+    const answer = this.pollers.take(push, this.cluster, Date.now(), (node, reading, at) => this.#polled(node, reading, at));
+    if (answer === "ok" && this.#admission.size > 0) this.#admitWaiting();
+    return answer;
+  }
+
   /** Admin writes of the cluster document, one at a time (src/config/document-edit.ts says why). */
   editDocument(req: DocumentEditRequest): Promise<DocumentEditResult> {
     return this.#documentEditor.run(req);
@@ -213,13 +228,16 @@ export class ClusterState extends DurableObject {
     const now = Date.now();
     if (cluster) this.#syncCluster(cluster);
     this.#sweep(now);
-    return clusterSnapshot(this.cluster, this.#sources, now, withHistory);
+    const snap = clusterSnapshot(this.cluster, this.#sources, now, withHistory);
+    const pollers = this.pollers.status(this.cluster, now);
+    return pollers ? { ...snap, pollers } : snap;
   }
 
   /**
    * Runs the jobs due (alarm-schedule.ts) — this sub-tick's slice of the probes and of the /metrics
    * polls (node-slices.ts), through the invocation's six connections — then re-arms itself.
-   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot.
+   * Routing never waits for it: a slow node holds only its own probe or poll, and one slot. A pool
+   * past `signals.shardAbove` nodes is polled by poller objects: the poll job then only watches them.
    */
   override async alarm(): Promise<void> {
     const cluster = this.cluster;
@@ -235,15 +253,11 @@ export class ClusterState extends DurableObject {
             if (this.health.probed(node, ok, Date.now(), cluster.health)) this.prefixes.forget(node, "probes_recovered");
           })
         : null,
-      jobs.includes("poll")
-        ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
-            const health = this.health.get(node);
-            if (!health) return;
-            if (reading) this.signals.record(node, reading, Date.now());
-            if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
-            if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
-          })
-        : null,
+      !jobs.includes("poll")
+        ? null
+        : this.pollers.count(cluster) > 0
+          ? this.pollers.supervise(cluster, Date.now())
+          : pollNodes(env, pollTimeoutMsOf(cluster), this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => this.#polled(node, reading, Date.now())),
     ]);
     const now = Date.now();
     this.#sweep(now);
@@ -251,6 +265,15 @@ export class ClusterState extends DurableObject {
     if (this.cluster && this.#history.due(now)) this.#history.add(historyPoint(this.cluster, now, this.#sources));
     this.#admitWaiting();
     await this.ctx.storage.setAlarm(this.#schedule.next());
+  }
+
+  /** A node's /metrics poll answered at `at` (by this alarm, or a poller's push): `reading` null when it failed. */
+  #polled(node: string, reading: EngineReading | null, at: number): void {
+    const health = this.health.get(node);
+    if (!health) return;
+    if (reading) this.signals.record(node, reading, at);
+    if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
+    if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
   }
 
   /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
@@ -386,6 +409,8 @@ export class ClusterState extends DurableObject {
     this.#applyCluster(view);
     writeKey(this.#sql, "cluster", JSON.stringify(view));
     void this.#ensureAlarm();
+    // a sharded pool's pollers hear the new document now, not at the next poll job
+    void this.pollers.supervise(view, Date.now());
   }
 
   #applyCluster(view: ClusterView): void {
@@ -396,6 +421,7 @@ export class ClusterState extends DurableObject {
       this.recent.forget(id);
       this.#leases.forget(id);
       this.signals.forget(id);
+      this.pollers.forget(id);
       this.silent.forget(id);
       this.rates.forget(id);
     }

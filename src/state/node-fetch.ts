@@ -1,7 +1,6 @@
 import type { NodeReach } from "../config/schema";
 import type { ConnectionSlots } from "../config/connection-slots";
 import { nodeAccess, nodeGet } from "../config/node-access";
-import { pollTimeoutMsOf } from "./cluster-settings";
 import { readEngineMetrics, type EngineReading } from "./engine-metrics";
 import { probeSettings } from "./health";
 import type { ClusterView } from "./types";
@@ -55,15 +54,14 @@ export async function probeNodes(
   await Promise.all(nodes.map(async (n) => probed(n.id, await probeNode(env, n, path, timeoutMs, slots))));
 }
 
-/** Polls the /metrics of `nodes` through `slots`; `polled` hears each answer as it comes. A failure is no reading (null): the last one goes stale. */
+/** Polls the /metrics of `nodes` through `slots`, each read within `timeoutMs`; `polled` hears each answer as it comes. A failure is no reading (null): the last one goes stale. */
 export async function pollNodes(
   env: Record<string, unknown>,
-  cluster: ClusterView,
+  timeoutMs: number,
   nodes: readonly ReachableNode[],
   slots: ConnectionSlots,
   polled: (node: string, reading: EngineReading | null) => void,
 ): Promise<void> {
-  const timeoutMs = pollTimeoutMsOf(cluster);
   await Promise.all(nodes.map(async (n) => polled(n.id, await pollEngineMetrics(env, n, timeoutMs, METRICS_MAX_BYTES, slots))));
 }
 

@@ -5,6 +5,8 @@ import type { ClusterView } from "./types";
 // - table `kv`, key `cursors`: the round-robin cursors as JSON, checkpointed by the alarm (cursors.ts says why not per request)
 // - table `kv`, key `cluster`: the last cluster view synced, read back when a new instance starts
 // - table `kv`, key `last_good_document`: the last valid cluster document's text (src/config/load.ts)
+// A SignalPoller object (signal-poller.ts) keeps one key, `assignment` (its nodes, through the
+// key-value API), and nothing else.
 // Writes are `INSERT OR REPLACE`: on a primary-key conflict SQLite deletes the old row and inserts
 // the new one (sqlite.org/lang_conflict.html), which for these two-column tables is an upsert.
 

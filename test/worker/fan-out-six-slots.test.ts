@@ -3,11 +3,12 @@ import { SLICE_NODES, slicesFor } from "../../src/config/plan";
 import { parseClusterDocument } from "../../src/config/schema";
 import { ConnectionSlots } from "../../src/config/connection-slots";
 import { listModels } from "../../src/routes/models";
-import { periodsOf, slicesOf } from "../../src/state/cluster-settings";
+import { periodsOf, pollTimeoutMsOf, slicesOf } from "../../src/state/cluster-settings";
 import { pollNodes, probeNodes } from "../../src/state/node-fetch";
 import { NodeSlices } from "../../src/state/node-slices";
 import type { ClusterView } from "../../src/state/types";
 import { vllmMetricsText } from "../support/engine-metrics-text";
+import { sixSlotFetch } from "../support/six-slot-fetch";
 
 // Cloudflare lets one invocation have six connections waiting for response headers; a seventh is
 // queued until one of them has its headers, with its AbortSignal.timeout already running
@@ -21,48 +22,6 @@ import { vllmMetricsText } from "../support/engine-metrics-text";
 const HEADERS_MS = 50;
 const TIMEOUT_MS = 1_000;
 const NODES = 240;
-
-/** `fetch` behind six FIFO slots, as Cloudflare runs it: a queued request's signal can fire while it waits. */
-function sixSlotFetch(answer: (url: URL) => Response) {
-  const waiting: Array<() => void> = [];
-  let busy = 0;
-  let maxBusy = 0;
-  const release = () => {
-    busy--;
-    waiting.shift()?.();
-  };
-  const fetch = (input: RequestInfo | URL, init?: RequestInit): Promise<Response> =>
-    new Promise<Response>((resolve, reject) => {
-      const signal = init?.signal ?? null;
-      if (signal?.aborted) return reject(signal.reason);
-      let state: "queued" | "sent" | "done" = "queued";
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const abort = () => {
-        if (state === "queued") waiting.splice(waiting.indexOf(start), 1);
-        if (state === "sent") {
-          clearTimeout(timer);
-          release();
-        }
-        state = "done";
-        reject(signal?.reason);
-      };
-      const start = () => {
-        state = "sent";
-        busy++;
-        maxBusy = Math.max(maxBusy, busy);
-        timer = setTimeout(() => {
-          state = "done";
-          signal?.removeEventListener("abort", abort);
-          release();
-          resolve(answer(new URL(String(input))));
-        }, HEADERS_MS);
-      };
-      signal?.addEventListener("abort", abort, { once: true });
-      if (busy < 6) start();
-      else waiting.push(start);
-    });
-  return { fetch, maxBusy: () => maxBusy };
-}
 
 const ids = Array.from({ length: NODES }, (_, i) => `n${i}`);
 
@@ -80,7 +39,7 @@ function bigPool(): ClusterView {
 
 describe("the alarm's probes and polls under the six-connection cap", () => {
   it("240 healthy nodes answering in 50 ms: every probe is up (none falsely down), at most six waiting for headers", async () => {
-    const six = sixSlotFetch(() => new Response("ok"));
+    const six = sixSlotFetch(() => new Response("ok"), HEADERS_MS);
     const pool = bigPool();
     const up: string[] = [];
     await probeNodes({ VPC_SIX: { fetch: six.fetch } }, pool, pool.nodes, new ConnectionSlots(), (node, ok) => {
@@ -91,10 +50,10 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
   });
 
   it("240 nodes' /metrics: every poll gives a reading (none lost to a timer that ran while queued)", async () => {
-    const six = sixSlotFetch(() => new Response(vllmMetricsText({ kvUsage: 0.25, waiting: 1, running: 3 })));
+    const six = sixSlotFetch(() => new Response(vllmMetricsText({ kvUsage: 0.25, waiting: 1, running: 3 })), HEADERS_MS);
     const pool = bigPool();
     const read: string[] = [];
-    await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pool, pool.nodes, new ConnectionSlots(), (node, reading) => {
+    await pollNodes({ VPC_SIX: { fetch: six.fetch } }, pollTimeoutMsOf(pool), pool.nodes, new ConnectionSlots(), (node, reading) => {
       if (reading?.kvUsage === 0.25) read.push(node);
     });
     expect(read.sort()).toEqual([...ids].sort());
@@ -103,7 +62,7 @@ describe("the alarm's probes and polls under the six-connection cap", () => {
 
 describe("GET /v1/models under the six-connection cap", () => {
   it("240 nodes without a models list: every node's models are listed", async () => {
-    const six = sixSlotFetch((url) => Response.json({ data: [{ id: `m-${url.hostname}` }] }));
+    const six = sixSlotFetch((url) => Response.json({ data: [{ id: `m-${url.hostname}` }] }), HEADERS_MS);
     const parsed = parseClusterDocument({ protocol: "colocated", nodes: bigPool().nodes.map(({ id, url }) => ({ id, url, role: "both" })) });
     if (!parsed.ok) throw new Error(JSON.stringify(parsed.problems));
     const names = await listModels(parsed.config, { fetch: six.fetch as typeof fetch, timeoutMs: TIMEOUT_MS });
@@ -118,15 +77,20 @@ describe("each job is spread over its period: a slice of the nodes a sub-tick", 
     expect(slicesFor(4, 1_000)).toBe(1);
   });
 
-  it("512 nodes: probes every 10 s go out as 10 slices a second apart, polls every 5 s as 5", () => {
+  it("512 nodes polled by the pool's own object: probes every 10 s go out as 10 slices a second apart, polls every 5 s as 5", () => {
     const base = bigPool();
     const pool: ClusterView = {
       ...base,
-      signals: { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8 },
+      // sharding off (it starts above 256 nodes by default): the object's own alarm polls
+      signals: { intervalMs: 5_000, staleMs: 15_000, kvBusy: 0.9, queueBusy: 8, shardAbove: 1_000 },
       nodes: Array.from({ length: 512 }, (_, i) => ({ ...base.nodes[0]!, id: `n${i}` })),
     };
     expect(slicesOf(pool)).toEqual({ probe: 10, poll: 5 });
     expect(periodsOf(pool)).toEqual({ probe: 1_000, poll: 1_000 });
+    // sharded (the default at 512): poller objects poll, and the poll job only watches them once a period
+    const sharded: ClusterView = { ...pool, signals: { ...pool.signals!, shardAbove: undefined } };
+    expect(slicesOf(sharded)).toEqual({ probe: 10, poll: 1 });
+    expect(periodsOf(sharded)).toEqual({ probe: 1_000, poll: 5_000 });
   });
 
   it("every node is visited exactly once in each period, whatever the node and slice counts", () => {

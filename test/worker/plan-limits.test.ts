@@ -29,11 +29,14 @@ describe("the plan check refuses a document too large for the Workers plan", () 
     expect(problemsOf({ nodes: nodes(40) }, "free")).toEqual([]);
   });
 
-  it("Free: 512 nodes serving one model are refused at the default periods (155 a run) and fit with minute-long ones", () => {
-    expect(alarmSubrequests(512, { health: { intervalMs: 10_000 }, signals: { intervalMs: 5_000 } } as never)).toBe(52 + 103);
+  it("Free: 512 nodes serving one model are refused at the default periods (56 a run, sharded) and fit with minute-long ones", () => {
+    // polled by the pool's own alarm: a probe slice and a poll slice; sharded (above 256 nodes by
+    // default): a probe slice and a call to each of the 4 pollers, which send the polls themselves
+    expect(alarmSubrequests(512, { health: { intervalMs: 10_000 }, signals: { intervalMs: 5_000, shardAbove: 1_000 } } as never)).toBe(52 + 103);
+    expect(alarmSubrequests(512, { health: { intervalMs: 10_000 }, signals: { intervalMs: 5_000 } } as never)).toBe(52 + 4);
     const problems = problemsOf({ nodes: nodes(512, ["m"]) }, "free");
     expect(problems.map((p) => p.path)).toEqual(["nodes"]);
-    expect(problems[0]!.message).toMatch(/512 nodes in one pool make its alarm send up to 155 subrequests a run/);
+    expect(problems[0]!.message).toMatch(/512 nodes in one pool make its alarm send up to 56 subrequests a run/);
     expect(problems[0]!.message).toMatch(/health\.intervalMs and signals\.intervalMs/);
     expect(problemsOf({ nodes: nodes(512, ["m"]), health: { intervalMs: 60_000 }, signals: { intervalMs: 60_000, staleMs: 180_000 } }, "free")).toEqual([]);
   });

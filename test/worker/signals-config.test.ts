@@ -19,7 +19,7 @@ describe("signals and admission in the cluster document", () => {
   it("default to SPEC 8's values", () => {
     const r = parseClusterDocument({ nodes });
     if (!r.ok) throw new Error(JSON.stringify(r.problems));
-    expect(r.config.signals).toEqual({ intervalMs: 5000, staleMs: 15000, kvBusy: 0.9, queueBusy: 8 });
+    expect(r.config.signals).toEqual({ intervalMs: 5000, staleMs: 15000, kvBusy: 0.9, queueBusy: 8, shardAbove: 256, nodesPerPoller: 128 });
     expect(r.config.admission).toEqual({ queueMs: 30000, maxQueued: 1000, ttftSloMs: null, fairShare: "apiKey" });
   });
 
