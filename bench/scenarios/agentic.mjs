@@ -302,16 +302,21 @@ const PREFILL_LEGS = new Set(['vllmPrefill', 'mooncakePrefill', 'sglangPrefill',
 
 /**
  * The decode KV this run's closed loop could hold at most (bench/lib/decode-kv-ceiling.mjs): the
- * trace's requests decoding back to back at the run's TPOT p90, on its decode nodes' blocks.
+ * trace's requests decoding back to back at the run's TPOT p90. The mean is over the decode nodes'
+ * blocks (as decodeKvMean, their mean); the peak as on one node (as decodeKvPeak, their highest):
+ * every request in flight on it, at most all its blocks.
  * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace @param {Record<string, any>} stats
  * @param {number} inflight @param {number} tpotMs
  */
 function ceilingOf(trace, stats, inflight, tpotMs) {
-  const decode = Object.values(stats).filter((e) => e.role === 'decode' || e.role === 'both');
-  const capacityTokens = decode.reduce((a, e) => a + e.numGpuBlocks * e.blockSize, 0);
+  const capacities = Object.values(stats)
+    .filter((e) => e.role === 'decode' || e.role === 'both')
+    .map((e) => e.numGpuBlocks * e.blockSize);
+  const capacityTokens = capacities.reduce((a, n) => a + n, 0);
   if (!(capacityTokens > 0 && Number.isFinite(tpotMs))) return undefined;
   const c = decodeKvCeiling(trace, { inflight, tpotMs, capacityTokens });
-  return { mean: round(c.mean, 4), peak: round(c.peak, 4) };
+  const onOneNode = (c.peak * capacityTokens) / Math.min(...capacities);
+  return { mean: round(c.mean, 4), peak: round(Math.min(1, onOneNode), 4) };
 }
 
 /**
