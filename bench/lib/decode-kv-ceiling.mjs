@@ -3,59 +3,49 @@
 // vLLM counts KV use as the blocks requests hold: a finished request's cached blocks are free
 // (vllm/v1/core/block_pool.py get_usage, over the free block queue), and a decode leg holds its
 // blocks from its scheduling (WAITING_FOR_REMOTE_KVS while the KV arrives) to its last token.
-// With at most `inflight` sessions at once and a session's turns one after the other, the decode
-// nodes never hold more than the requests of those sessions. The ceiling is that replay with
-// nothing but decoding: every request holds its prompt and output from the moment its session's
-// previous turn ended for output x `tpotMs`, with no prefill, transfer, tool or router time (each
-// of which only spaces the decodes out). A run's decode KV mean above it means KV held by
-// something other than the trace's requests in flight.
+// With at most `inflight` sessions at once and a session's turns one after the other, whatever the
+// engines and the router do:
+// - the KV-time the decode nodes hold is at most every request's prompt and output for its whole
+//   decode (output x `tpotMs`);
+// - the replay lasts at least its longest session's decodes, and at least all decodes spread over
+//   the slots;
+// - at one instant they hold at most one request from each of `inflight` sessions.
+// A run's decode KV above that means KV held by something other than the trace's requests.
 
 /**
  * @typedef {{ session: number, input_length: number, output_length: number }} CeilingRequest
  * @typedef {{ mean: number, peak: number, spanS: number }} DecodeKvCeiling
- *   mean: time-weighted over the replay's span; peak: at the busiest instant; both as a share of
- *   `capacityTokens` (all decode nodes together)
+ *   mean: time-weighted over the shortest span the replay can take; peak: the largest request of
+ *   each of the `inflight` biggest sessions at once; both as a share of `capacityTokens`
  */
 
 /**
- * @param {CeilingRequest[]} trace in session-arrival order, a session's turns in order
+ * @param {CeilingRequest[]} trace
  * @param {{ inflight: number, tpotMs: number, capacityTokens: number }} o inflight 0: no cap
  * @returns {DecodeKvCeiling}
  */
 export function decodeKvCeiling(trace, { inflight, tpotMs, capacityTokens }) {
-  /** @type {Map<number, CeilingRequest[]>} */
+  /** @type {Map<number, { ms: number, largest: number }>} */
   const sessions = new Map();
-  for (const r of trace) {
-    const turns = sessions.get(r.session);
-    if (turns) turns.push(r);
-    else sessions.set(r.session, [r]);
-  }
-  const slots = new Array(inflight > 0 ? inflight : sessions.size).fill(0);
-  /** @type {[number, number][]} (time ms, tokens taken or given back) */
-  const changes = [];
   let area = 0;
-  let end = 0;
-  for (const turns of sessions.values()) {
-    // the session starts when the earliest slot frees
-    const slot = slots.indexOf(Math.min(...slots));
-    let t = slots[slot];
-    for (const r of turns) {
-      const tokens = r.input_length + r.output_length;
-      const ms = r.output_length * tpotMs;
-      changes.push([t, tokens], [t + ms, -tokens]);
-      area += tokens * ms;
-      t += ms;
-    }
-    slots[slot] = t;
-    end = Math.max(end, t);
+  let decodeMs = 0;
+  for (const r of trace) {
+    const tokens = r.input_length + r.output_length;
+    const ms = r.output_length * tpotMs;
+    area += tokens * ms;
+    decodeMs += ms;
+    const s = sessions.get(r.session) ?? { ms: 0, largest: 0 };
+    s.ms += ms;
+    s.largest = Math.max(s.largest, tokens);
+    sessions.set(r.session, s);
   }
-  // a request that ends at the instant another starts has given its blocks back first
-  changes.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-  let held = 0;
-  let peak = 0;
-  for (const [, d] of changes) {
-    held += d;
-    peak = Math.max(peak, held);
-  }
-  return { mean: end > 0 ? area / end / capacityTokens : 0, peak: peak / capacityTokens, spanS: end / 1000 };
+  const slots = inflight > 0 ? Math.min(inflight, sessions.size) : sessions.size;
+  const all = [...sessions.values()];
+  const spanMs = Math.max(decodeMs / Math.max(1, slots), ...all.map((s) => s.ms));
+  const peakTokens = all
+    .map((s) => s.largest)
+    .sort((a, b) => b - a)
+    .slice(0, slots)
+    .reduce((a, n) => a + n, 0);
+  return { mean: spanMs > 0 ? area / spanMs / capacityTokens : 0, peak: peakTokens / capacityTokens, spanS: spanMs / 1000 };
 }

@@ -301,8 +301,9 @@ export async function inSlots(items, slots, task) {
 const PREFILL_LEGS = new Set(['vllmPrefill', 'mooncakePrefill', 'sglangPrefill', 'colocated']);
 
 /**
- * The decode KV this run's closed loop could hold at most (bench/lib/decode-kv-ceiling.mjs): the
- * trace's requests decoding back to back at the run's TPOT p90. The mean is over the decode nodes'
+ * The decode KV this run's closed loop could hold at most (bench/lib/decode-kv-ceiling.mjs): every
+ * request holding its prompt and output for its whole decode at the run's TPOT p90, over the
+ * shortest span the sessions allow. The mean is over the decode nodes'
  * blocks (as decodeKvMean, their mean); the peak as on one node (as decodeKvPeak, their highest):
  * every request in flight on it, at most all its blocks.
  * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace @param {Record<string, any>} stats
