@@ -28,6 +28,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import http from 'node:http';
 import { engineOverrides, numberOption, stringOption } from '../lib/args.mjs';
 import { AGENTIC_SEED, PUBLISHED_HIT_BUCKETS, agenticProfile, agenticTrace, hitBuckets } from '../lib/agentic-trace.mjs';
+import { decodeKvCeiling } from '../lib/decode-kv-ceiling.mjs';
 import { onShutdown, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
@@ -131,7 +132,8 @@ export async function runAgentic(options) {
       const perRequest = await stack.requestStats();
       const metrics = await routerMetrics(stack.router.url);
       process.stderr.write(`agentic ${c.name}: ${round(wallS, 1)} s\n`);
-      return { ...agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale, metrics, trace.length), wallS: round(wallS, 1) };
+      const figures = agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale, metrics, trace.length);
+      return { ...figures, decodeKvCeiling: ceilingOf(trace, stats, cfg.maxInflightSessions, figures.tpotP90Ms), wallS: round(wallS, 1) };
     } finally {
       await stack.close();
     }
@@ -298,6 +300,26 @@ export async function inSlots(items, slots, task) {
 
 /** Legs whose engine computed the prompt: P's, or the node's own (colocated, a decode node prefilling alone). */
 const PREFILL_LEGS = new Set(['vllmPrefill', 'mooncakePrefill', 'sglangPrefill', 'colocated']);
+
+/**
+ * The decode KV this run's closed loop could hold at most (bench/lib/decode-kv-ceiling.mjs): every
+ * request holding its prompt and output for its whole decode at the run's TPOT p90, over the
+ * shortest span the sessions allow. The mean is over the decode nodes'
+ * blocks (as decodeKvMean, their mean); the peak as on one node (as decodeKvPeak, their highest):
+ * every request in flight on it, at most all its blocks.
+ * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace @param {Record<string, any>} stats
+ * @param {number} inflight @param {number} tpotMs
+ */
+function ceilingOf(trace, stats, inflight, tpotMs) {
+  const capacities = Object.values(stats)
+    .filter((e) => e.role === 'decode' || e.role === 'both')
+    .map((e) => e.numGpuBlocks * e.blockSize);
+  const capacityTokens = capacities.reduce((a, n) => a + n, 0);
+  if (!(capacityTokens > 0 && Number.isFinite(tpotMs))) return undefined;
+  const c = decodeKvCeiling(trace, { inflight, tpotMs, capacityTokens });
+  const onOneNode = (c.peak * capacityTokens) / Math.min(...capacities);
+  return { mean: round(c.mean, 4), peak: round(Math.min(1, onOneNode), 4) };
+}
 
 /**
  * @param {AgenticConfig} c
@@ -530,7 +552,7 @@ function agenticTable(results) {
       'ITL p50 / p99 ms',
       'E2E p50 s',
       'APC',
-      'decode KV peak / mean',
+      'decode KV peak / mean (ceiling of the closed loop)',
       'TTFT share waiting for KV',
       'waited at the edge: requests / p90 / max s',
       'local / disaggregated',
@@ -547,7 +569,7 @@ function agenticTable(results) {
       r.itlP50Ms === undefined ? '' : `${r.itlP50Ms} / ${r.itlP99Ms}`,
       round(r.e2eP50Ms / 1000, 2),
       r.hitRatio,
-      `${r.decodeKvPeak} / ${r.decodeKvMean}`,
+      `${r.decodeKvPeak} / ${r.decodeKvMean}${r.decodeKvCeiling ? ` (${r.decodeKvCeiling.peak} / ${r.decodeKvCeiling.mean})` : ''}`,
       r.kvWaitShare,
       r.edgeQueued ? `${r.edgeQueued} / ${round(r.edgeQueueP90Ms / 1000, 2)} / ${round(r.edgeQueueMaxMs / 1000, 2)}` : '0',
       r.modes.local || r.disaggregation === 'conditional' ? `${r.modes.local ?? 0} / ${r.modes.disaggregated ?? 0}` : '',

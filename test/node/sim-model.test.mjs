@@ -260,6 +260,24 @@ describe('fabric (KV transfer over the links)', () => {
     expect(r.core.stats.stallMs).toBeGreaterThan(0);
   });
 
+  it('a remote request holds its blocks while its KV arrives, waiting, not running, and one behind it waits for KV', async () => {
+    // vLLM WAITING_FOR_REMOTE_KVS: the connector's blocks are allocated when the request is
+    // scheduled and count in kv_cache_usage through the pull (seed 002's decode KV wall)
+    const r = rig({ numBlocks: 200, link: 1000 });
+    const pulling = r.core.submit(
+      new Sequence({ kind: 'remote', hashes: hashes('w', 3), promptTokens: 1600, maxTokens: 2, load: (missing) => r.fabric.transfer('p', 'd', missing * 1000) }),
+    );
+    await r.clock.sleep(800); // halfway through a 1,600 ms pull
+    expect(r.core.counts()).toEqual({ waiting: 1, running: 0 });
+    expect(r.memory.usage()).toBe((3 * 32 + 5) / 200); // 3 units + 64 tokens and the first output token
+    const behind = r.submit({ promptTokens: 2400 }); // 151 blocks: not while the pull holds 101
+    await r.clock.sleep(1);
+    expect(r.core.counts()).toEqual({ waiting: 2, running: 0 });
+    await pulling.finished;
+    await behind.finished;
+    expect(behind.kvWaitMs).toBeGreaterThan(790);
+  });
+
   it('a remote request pulls only the blocks this engine does not hold', async () => {
     const r = rig({ link: 1_000_000 });
     const pulls = [];
