@@ -105,6 +105,12 @@ export interface NodeSignals {
 export interface GuardSettings {
   kvBusy: number;
   queueBusy: number;
+  /**
+   * `predicted`: the queue test leaves out the prefill legs the router has in flight on the node
+   * (their tokens are in the prediction's queue already; on a `both` node they are its P work,
+   * not decode requests waiting). Absent: the engine's whole queue counts.
+   */
+  pricesPrefills?: boolean;
 }
 
 export interface SelectionInput {

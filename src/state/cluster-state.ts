@@ -239,7 +239,7 @@ export class ClusterState extends DurableObject {
         ? pollNodes(env, cluster, this.#slices.take("poll", cluster.nodes, slices.poll), slots, (node, reading) => {
             const health = this.health.get(node);
             if (!health) return;
-            if (reading) this.signals.record(node, reading, Date.now());
+            if (reading) this.signals.record(node, reading, Date.now(), this.#leases.loadOf(node)?.prefill ?? 0);
             if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
             if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
           })

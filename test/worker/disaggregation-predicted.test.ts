@@ -1,6 +1,6 @@
 import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, stub, waitFor } from "./signals-helpers";
+import { engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, stub, waitFor } from "./signals-helpers";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —
@@ -82,6 +82,39 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     expect(d[warm].predictedTtftMs).toBeGreaterThan(d[cold].predictedTtftMs);
     expect(route.predictedTtftMs).toBeCloseTo(d[cold].predictedTtftMs, 0);
     expect((await send(turn(2))).d).toBe(cold);
+  });
+});
+
+describe("predicted: a both node's own prefills do not make it a busy D", () => {
+  it("the prefill legs a both node runs as a P are priced by the prediction, not counted as a decode queue: the request is routed, not held at the edge", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "c0", role: "both" as const, localPrefill: false },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+    ];
+    // p0's engine has a long queue of its own: cold prompts take c0 as their P and d0 as their D
+    await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
+    await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity", disaggregation: "predicted" }, signals: { ...signals, queueBusy: 2 } });
+    await poll();
+    await engineFault("c0", { mode: "slow", delayMs: 4000, count: 2 });
+    const held = [send(conversation("own-a")(1)), send(conversation("own-b")(1))];
+    await waitFor(
+      "c0's two prefill legs",
+      async () => (await completionsTo("c0")).length,
+      (n) => n >= 2,
+    );
+
+    // both engines report queueBusy waiting: c0's are the two prefills the router sent it as a P, d0's are not the router's
+    await setMetrics("c0", kv(0.1, { waiting: 2, capacityTokens: 100_000 }));
+    await setMetrics("d0", kv(0.1, { waiting: 2, capacityTokens: 100_000 }));
+    await poll();
+    const route = await explain(conversation("own-c")(1));
+    expect(route.admission).toEqual({ wait: false });
+    expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", prefill: { id: "p0" }, decode: { id: "c0" } });
+    const d = byId(route.candidates.decode);
+    expect(d.d0.busy).toBe(true);
+    expect(d.c0.busy).toBe(false);
+    for (const r of held) expect(await r).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
   });
 });
 
