@@ -118,6 +118,41 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
   });
 });
 
+describe("predicted: admission.ttftSloMs judges the decision's own prediction", () => {
+  it("a flex request whose predicted TTFT is over the objective gets 503 slo_unmeetable at once, though a D would take it now; a default one is served; flex is served once the prediction fits", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+    ];
+    // 40 requests waiting at p0: ~40 prompts of prefill ahead of this one, seconds at the profile's rate
+    await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
+    await putNodes(nodes, { ...predicted(), admission: { ttftSloMs: 5000 } });
+    await poll();
+    const ask = (name: string, tier?: string) => ({ ...conversation(name)(1), ...(tier ? { service_tier: tier } : {}) });
+    const route = await explain(ask("slo-a", "flex"));
+    expect(route.predictedTtftMs).toBeGreaterThan(5000);
+    expect(route.admission).toEqual({ wait: false });
+
+    const before = (await completionsTo("d0")).length;
+    const flex = await post("/v1/chat/completions", ask("slo-b", "flex"));
+    expect(flex.status).toBe(503);
+    expect(flex.headers.get("retry-after")).toMatch(/^[1-9]\d*$/);
+    const body = (await flex.json()) as { error: { code: string; message: string } };
+    expect(body.error.code).toBe("slo_unmeetable");
+    expect(body.error.message).toMatch(/predicted time to first token is about \d+ ms/);
+    expect((await completionsTo("d0")).length).toBe(before);
+    expect(await send(ask("slo-c"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+    const refused = (await snapshot()).admission.rejected.find((r) => r.reason === "slo_unmeetable" && r.tier === "flex");
+    expect(refused?.count).toBe(1);
+
+    // p0's queue gone: the prediction fits, and flex is served
+    await setMetrics("p0", kv(0.1, { capacityTokens: 100_000 }));
+    await poll();
+    expect((await explain(ask("slo-d", "flex"))).predictedTtftMs).toBeLessThan(5000);
+    expect(await send(ask("slo-d", "flex"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+  });
+});
+
 describe("predicted: a local prefill needs KV room for the whole prompt", () => {
   it("with P queued, D prefills alone while it has room; without room for the whole prompt it gets the KV from P", async () => {
     await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
