@@ -1,6 +1,5 @@
-import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, stub, waitFor } from "./signals-helpers";
+import { engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —
@@ -37,18 +36,9 @@ async function send(body: unknown): Promise<{ mode: string | null; p: string | n
 const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 const byId = (list: any[]) => Object.fromEntries(list.map((c) => [c.id, c]));
 
-/** Each test starts from the profile's rates: what an earlier test taught the object is forgotten. */
-async function forgetRates(): Promise<void> {
-  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
-  await run(stub() as unknown, (instance) => {
-    instance.rates.clear();
-    instance.precision.clear();
-  });
-}
-
 beforeEach(async () => {
+  // each test starts from the profile's rates: resetState forgets what an earlier one taught the object
   await resetState();
-  await forgetRates();
   await resetEngines();
   for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1, { capacityTokens: 100_000 }));
 });

@@ -128,7 +128,7 @@ export async function expectNoLoad(timeoutMs = 5000) {
   throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
 }
 
-/** Forgets health, breaker, stickiness, prefix and recent-share state in the Durable Object, so tests do not leak into each other. */
+/** Forgets health, breaker, stickiness, prefix, recent-share, learned-rate and routing-precision state in the Durable Object, so tests do not leak into each other. */
 export async function resetClusterState() {
   // typed loosely: the stub's RPC types are too deep for runInDurableObject's generics
   const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster")) as unknown;
@@ -140,6 +140,8 @@ export async function resetClusterState() {
     instance.prefixes.index.decode.clear();
     instance.recent.clear();
     instance.signals.clear();
+    instance.rates.clear();
+    instance.precision.clear();
     instance.cluster = null;
   });
 }
