@@ -201,6 +201,7 @@ function withPrediction(c: ScoredCandidate, n: CandidateNode | undefined, f: Nod
     decodeStepMs: round1(rates.decodeStepMs),
     decodeMsPerSeq: Math.round(rates.decodeMsPerSeq * 100) / 100,
     transferMsPerGB: round1((rates.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
+    handoffMs: round1(rates.handoffMs),
   };
   if (f) {
     out.predictedTtftMs = round1(f.predictedTtftMs);

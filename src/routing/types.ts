@@ -196,6 +196,8 @@ export interface ScoredCandidate {
   decodeStepMs?: number;
   decodeMsPerSeq?: number;
   transferMsPerGB?: number;
+  /** D's hand-off after P's answer that does not grow with the tokens (ms) */
+  handoffMs?: number;
   /** predicted TTFT (ms) of the best option through this node (P: with the best D; D: the best P, then this D) */
   predictedTtftMs?: number;
   /** D: predicted TTFT of prefilling alone, and the decode harm that adds (null: not an option here) */
