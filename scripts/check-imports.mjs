@@ -1,12 +1,14 @@
 // The layers of src/ (docs/architecture.md), checked: a module may import its own layer and the
 // layers below it, never one above, and no two modules may import each other through a circle.
-// Type-only imports count: a type that two layers share lives in the lower one.
+// Type-only imports count: a type that two layers share lives in the lower one. The simulator
+// (sim/, Node modules outside the Worker) has no layers, but no circles either: a JSDoc type
+// import (`import('./x.mjs').T`) counts there too.
 //
-//   node scripts/check-imports.mjs          checks this repository's src/ (part of `npm run lint`)
-//   node scripts/check-imports.mjs DIR      checks DIR/src (the test plants violations in a copy)
+//   node scripts/check-imports.mjs          checks this repository's src/ and sim/ (part of `npm run lint`)
+//   node scripts/check-imports.mjs DIR      checks DIR/src and DIR/sim, when there (the test plants violations in a copy)
 //
 // Exits 1 naming every import that runs up a layer and every circle; 0 otherwise.
-import { readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -43,11 +45,12 @@ export function importsOf(text) {
   return specifiers;
 }
 
-function listTs(dir, rel = '') {
+/** The files below `dir` (relative paths) whose names match `pattern`. */
+function listFiles(dir, pattern, rel = '') {
   return readdirSync(path.join(dir, rel), { withFileTypes: true }).flatMap((e) => {
     const r = rel ? `${rel}/${e.name}` : e.name;
-    if (e.isDirectory()) return listTs(dir, r);
-    return /\.ts$/.test(e.name) && !e.name.endsWith('.d.ts') ? [r] : [];
+    if (e.isDirectory()) return listFiles(dir, pattern, r);
+    return pattern.test(e.name) && !e.name.endsWith('.d.ts') ? [r] : [];
   });
 }
 
@@ -63,7 +66,7 @@ function resolve(files, fromRel, spec) {
 /** Checks `root`/src; returns the problems, one line each. */
 export function checkImports(root) {
   const src = path.join(root, 'src');
-  const files = new Set(listTs(src));
+  const files = new Set(listFiles(src, /\.ts$/));
   const graph = new Map();
   const problems = [];
   for (const file of [...files].sort()) {
@@ -88,7 +91,23 @@ export function checkImports(root) {
     graph.set(file, deps);
   }
   problems.push(...circles(graph).map((c) => `circle: ${c.map((f) => `src/${f}`).join(' -> ')}`));
-  return problems;
+  return [...problems, ...checkSimCircles(root)];
+}
+
+/** The circles among the modules of `root`/sim (none when it has no sim/); one line each. */
+export function checkSimCircles(root) {
+  const sim = path.join(root, 'sim');
+  if (!existsSync(sim)) return [];
+  const files = new Set(listFiles(sim, /\.m?js$/));
+  const graph = new Map();
+  for (const file of [...files].sort()) {
+    const deps = importsOf(readFileSync(path.join(sim, file), 'utf8')).map((spec) => path.posix.normalize(path.posix.join(path.posix.dirname(file), spec)));
+    graph.set(
+      file,
+      deps.filter((d) => files.has(d)),
+    );
+  }
+  return circles(graph).map((c) => `circle: ${c.map((f) => `sim/${f}`).join(' -> ')}`);
 }
 
 /** Every circle of the module graph, once each (Tarjan's strongly connected components, then a path through each). */
@@ -151,8 +170,8 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const problems = checkImports(root);
   if (problems.length) {
     for (const p of problems) console.error(p);
-    console.error(`\n${problems.length} import problem(s): see the layers in docs/architecture.md (scripts/check-imports.mjs FLOORS).`);
+    console.error(`\n${problems.length} import problem(s): see the layers of src/ and the rule for sim/ in docs/architecture.md (scripts/check-imports.mjs FLOORS).`);
     process.exit(1);
   }
-  console.log(`imports: every module of src/ imports only its own layer and those below it, no circles (${FLOORS.map((f) => f.join('+')).join(' > ')})`);
+  console.log(`imports: every module of src/ imports only its own layer and those below it, no circles (${FLOORS.map((f) => f.join('+')).join(' > ')}); no circles in sim/`);
 }

@@ -1,5 +1,7 @@
-// What every simulated endpoint shares: reading a body, answering JSON and errors, and the
-// rendezvous by which a D leg waits for its P (an SGLang bootstrap room, a Mooncake transfer id).
+// What every simulated endpoint shares: reading a body, answering JSON and errors, SSE headers, an
+// answer broken on purpose (writeThenBreak), and the rendezvous by which a D leg waits for its P
+// (an SGLang bootstrap room, a Mooncake transfer id).
+import { setTimeout as sleepReal } from 'node:timers/promises';
 
 /** @param {import('node:http').IncomingMessage} req @returns {Promise<string>} */
 export function readBody(req) {
@@ -90,4 +92,36 @@ export function waitFor(entries, waiters, key, timeoutMs, ctx) {
     const poll = setInterval(() => ctx.closed && finish(undefined), 50);
     mine.add(finish);
   });
+}
+
+/** Resolves when a response can take more, or closed. @param {import('node:http').ServerResponse} res */
+export function drained(res) {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve(undefined);
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
+}
+
+/** Send SSE response headers unless they went out already. @param {import('node:http').ServerResponse} res */
+export function sseHeaders(res) {
+  if (res.headersSent) return;
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+  res.flushHeaders();
+}
+
+/**
+ * Write `data`, let it reach the client, then break the connection (the `midstream` fault): the
+ * client sees an answer that breaks, not none.
+ * @param {import('node:http').ServerResponse} res @param {{ destroyedByUs: boolean }} ctx @param {string} data
+ */
+export async function writeThenBreak(res, ctx, data) {
+  await new Promise((resolve) => res.write(data, () => resolve(undefined)));
+  await sleepReal(10);
+  ctx.destroyedByUs = true;
+  res.socket?.destroy();
 }

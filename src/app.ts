@@ -1,7 +1,9 @@
 import { Hono } from "hono/tiny";
 import { currentConfig, maxBodyBytes, requireConfig } from "./config/runtime";
 import { errorEnvelope, RouterError } from "./errors";
-import { explainRoute, forwardGenerate, forwardInference, forwardOneHop, type AppEnv } from "./routes/inference";
+import type { AppEnv } from "./routes/app-env";
+import { explainRoute } from "./routes/explain";
+import { forwardGenerate, forwardInference, forwardOneHop } from "./routes/inference";
 import { listModels } from "./routes/models";
 import { clientAccess } from "./auth/client-access";
 import { bodyLimit, headerLimits } from "./auth/request-limits";

@@ -13,7 +13,7 @@ import type { ClusterView } from "../../src/state/types";
 
 export { ClusterState };
 
-/** One request's calls to the object; keep in step with src/routes/inference.ts (the hot path). */
+/** One request's calls to the object; keep in step with src/routes/routed-request.ts (the hot path). */
 const OPS = {
   /** the cheapest RPC the object has: what any call costs before it does work */
   noop: async (stub: Stub) => {

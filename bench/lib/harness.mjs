@@ -124,7 +124,7 @@ export function freePort() {
 /**
  * @typedef {import('../../sim/cluster.mjs').EngineSpec} EngineSpec
  * @typedef {Awaited<ReturnType<typeof liveSim.startSimCluster>>} SimCluster
- * @typedef {Awaited<ReturnType<typeof startRouter>>} Router
+ * @typedef {Awaited<ReturnType<typeof startRouter>> & { inspectorPort: number }} Router
  * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, simNowMs: () => number, close: () => Promise<void> }} Stack
  */
 
@@ -157,16 +157,17 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
     if (withRouter) {
       const document = clusterDocument?.(cluster.engines) ?? defaultDocument(cluster.engines);
       const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
+      const inspectorPort = await freePort();
       router = await startRouter({
         runtime,
         cwd: workerSnapshot(),
         port: await freePort(),
-        inspectorPort: await freePort(),
+        inspectorPort,
         persistDir,
         clusterDocument: document,
         vars,
         onOutput: routerLog(),
-      });
+      }).then((r) => ({ ...r, inspectorPort }));
     }
   } catch (error) {
     await close();

@@ -18,120 +18,18 @@
 // - `remote`: its KV comes from another engine. It takes blocks for its whole prompt when
 //   admitted (less what this engine already caches: the local prefix hit), pulls the rest, then
 //   computes its last prompt token and decodes. Until the pull ends it counts as waiting, as
-//   vLLM's WAITING_FOR_REMOTE_KVS requests do.
+//   vLLM's WAITING_FOR_REMOTE_KVS requests do (the pull and the prefix fetch: kv-loading.mjs).
 //
 // Time is the cluster's simulated clock. A step's length comes from sim/model/step-time.mjs,
 // plus the time the step loop stalls while KV moves in or out of this engine meanwhile
 // (sim/model/fabric.mjs): bytes moved / `stallLoadBytesPerMs`, the effective load rate.
 import { stepTime } from './step-time.mjs';
+import { fetchPrefix, pullRemote } from './kv-loading.mjs';
+import { Sequence } from './sequence.mjs';
 
-/**
- * @typedef {{ index: number, at: number, stepMs: number }} TokenEvent
- * @typedef {'new' | 'waiting' | 'loading' | 'running' | 'finished' | 'aborted' | 'failed'} SeqState
- * @typedef {{ units: number, run: (at: number) => Promise<{ ms: number, bytes?: number, at?: number }> }} PrefixFetch
- *   `units` full prefix units (from the start) another engine holds, `run` moves them here
- */
+export { Sequence };
 
-export class Sequence {
-  /**
-   * @param {object} o
-   * @param {'local' | 'remote' | 'prefill'} o.kind
-   * @param {string[]} o.hashes the prompt's full prefix-cache units (chained hashes)
-   * @param {number} o.promptTokens
-   * @param {number} o.maxTokens tokens to generate (a P leg: 1)
-   * @param {boolean} [o.hold] keep the blocks when finished (released by releaseHeld())
-   * @param {(missingTokens: number, seq: Sequence, at: number) => Promise<{ ms: number, bytes?: number, at?: number }>} [o.load] remote: pull the
-   *   missing KV, from simulated time `at` (the admitting step's); resolves with when it landed
-   * @param {(seq: Sequence) => void} [o.onAdmit] told once the blocks are taken (the hit is known)
-   * @param {(localUnits: number, seq: Sequence) => PrefixFetch | undefined} [o.fetchPrefix] a P leg:
-   *   where a longer prefix than the local hit is held, fetch it instead of computing it
-   */
-  constructor(o) {
-    this.kind = o.kind;
-    this.hashes = o.hashes;
-    this.promptTokens = Math.max(1, o.promptTokens);
-    this.maxTokens = Math.max(1, o.maxTokens);
-    this.hold = o.hold === true;
-    this.load = o.load;
-    this.onAdmit = o.onAdmit;
-    this.fetchPrefix = o.fetchPrefix;
-    /** prefix units fetched from another engine (0: none) */
-    this.fetchedUnits = 0;
-    /** @type {SeqState} */
-    this.state = 'new';
-    this.arrival = NaN;
-    this.admittedAt = NaN;
-    this.loadedAt = NaN;
-    this.firstTokenAt = NaN;
-    this.finishedAt = NaN;
-    /** simulated ms spent waiting because its KV blocks did not fit */
-    this.kvWaitMs = 0;
-    /** @type {number | undefined} */
-    this.kvBlockedSince = undefined;
-    this.hitUnits = 0;
-    this.cachedTokens = 0;
-    this.loadMs = 0;
-    this.preemptions = 0;
-    /** tokens emitted */
-    this.generated = 0;
-    /** tokens to compute before the next token is emitted (a prefill's remaining part) */
-    this.pending = 0;
-    /** tokens whose KV is computed or received */
-    this.computed = 0;
-    /** @type {import('./kv-memory.mjs').Allocation | undefined} */
-    this.alloc = undefined;
-    /** @type {string | undefined} why it failed */
-    this.error = undefined;
-    /** @type {number | undefined} the HTTP status its failure maps to */
-    this.errorStatus = undefined;
-    /** @type {TokenEvent[]} */
-    this.buffer = [];
-    /** @type {((e: TokenEvent | null) => void) | undefined} */
-    this.waiter = undefined;
-    /** @type {(() => void) | undefined} */
-    this.onAbort = undefined;
-    /** @type {Promise<void>} */
-    this.finished = new Promise((resolve) => (this.resolveFinished = resolve));
-  }
-
-  /** The next token, or null once the sequence ended (finished, aborted or failed). @returns {Promise<TokenEvent | null>} */
-  next() {
-    const e = this.buffer.shift();
-    if (e) return Promise.resolve(e);
-    if (this.ended) return Promise.resolve(null);
-    return new Promise((resolve) => (this.waiter = resolve));
-  }
-
-  get ended() {
-    return this.state === 'finished' || this.state === 'aborted' || this.state === 'failed';
-  }
-
-  /** Stop it (the client left): its blocks are freed at once. */
-  abort() {
-    if (this.ended) return;
-    this.onAbort?.();
-  }
-
-  /** @param {TokenEvent} e */
-  emit(e) {
-    if (this.waiter) {
-      const w = this.waiter;
-      this.waiter = undefined;
-      w(e);
-    } else this.buffer.push(e);
-  }
-
-  /** @param {SeqState} state */
-  end(state) {
-    this.state = state;
-    if (this.waiter) {
-      const w = this.waiter;
-      this.waiter = undefined;
-      w(null);
-    }
-    /** @type {() => void} */ (this.resolveFinished)();
-  }
-}
+/** @typedef {import('./sequence.mjs').PrefixFetch} PrefixFetch */
 
 /**
  * @typedef {object} CoreOptions
@@ -378,64 +276,13 @@ export class EngineCore {
       }
       const cached = Math.min(seq.promptTokens + seq.generated, hit * memory.unitTokens);
       if (remote && firstAdmission && seq.load) {
-        seq.state = 'loading';
-        this.loading.add(seq);
-        const missing = seq.promptTokens - seq.cachedTokens;
-        seq.load(missing, seq, t).then(
-          (r) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.loadMs = r.ms;
-            seq.loadedAt = Number.isFinite(r.at) ? /** @type {number} */ (r.at) : this.o.clock.now();
-            memory.markReady(alloc);
-            // vLLM recomputes the prompt's last token on the decode node (the first output token)
-            seq.computed = seq.promptTokens - 1;
-            seq.pending = 1;
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick(seq.loadedAt);
-          },
-          (/** @type {any} */ e) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.error = e instanceof Error ? e.message : 'kv_transfer_failed';
-            seq.errorStatus = typeof e?.status === 'number' ? e.status : undefined;
-            memory.release(alloc);
-            seq.end('failed');
-          },
-        );
+        pullRemote(this, seq, alloc, t);
         continue;
       }
       // a P leg whose longer prefix another engine holds: fetch those units, then prefill the rest
       const fetch = firstAdmission && seq.fetchPrefix ? seq.fetchPrefix(hit, seq) : undefined;
       if (fetch && fetch.units > hit) {
-        seq.state = 'loading';
-        seq.fetchedUnits = fetch.units - hit;
-        this.loading.add(seq);
-        fetch.run(t).then(
-          (r) => {
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.loadMs = r.ms;
-            const have = Math.min(seq.promptTokens - 1, fetch.units * memory.unitTokens);
-            seq.computed = have;
-            seq.pending = Math.max(1, seq.promptTokens - have);
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick(r.at);
-          },
-          () => {
-            // the holder went away: compute it all here
-            if (seq.state !== 'loading') return;
-            this.loading.delete(seq);
-            seq.fetchedUnits = 0;
-            seq.computed = cached;
-            seq.pending = Math.max(1, seq.promptTokens - cached);
-            seq.state = 'running';
-            this.running.push(seq);
-            this.kick();
-          },
-        );
+        fetchPrefix(this, seq, fetch, hit, cached, t);
         continue;
       }
       // local, a P leg, or a preempted request recomputing: prefill what the cache lacks

@@ -9,7 +9,7 @@ import type { Problem } from "../config/schema";
 import type { Env } from "../env";
 import { errorEnvelope, RouterError } from "../errors";
 import { readClusterStatus } from "../observability/metrics";
-import type { AppEnv } from "./inference";
+import type { AppEnv } from "./app-env";
 import { parseJsonObject } from "./request-schema";
 import { nodeWarnings } from "../observability/node-warnings";
 

@@ -2,7 +2,7 @@ import { Hono } from "hono/tiny";
 import { requireBearer, secret } from "../auth/bearer";
 import { clusterMetrics, readClusterStatus } from "../observability/metrics";
 import { PROMETHEUS_CONTENT_TYPE, renderMetrics } from "../observability/prometheus";
-import type { AppEnv } from "./inference";
+import type { AppEnv } from "./app-env";
 
 /** GET /metrics: Prometheus text from the Durable Object's shared state; METRICS_TOKEN guards it when set. */
 export const metricsRoutes = new Hono<AppEnv>();

@@ -4,7 +4,7 @@ import { bearerToken, routeOff, secret, unauthorized } from "../auth/bearer";
 import { secretEquals } from "../auth/digest";
 import { readClusterStatus } from "../observability/metrics";
 import { nodeWarnings } from "../observability/node-warnings";
-import type { AppEnv } from "./inference";
+import type { AppEnv } from "./app-env";
 import { statusPage } from "./status-page";
 
 /**

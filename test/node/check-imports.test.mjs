@@ -1,5 +1,5 @@
 // The import-boundary check of `npm run lint` (scripts/check-imports.mjs, docs/architecture.md):
-// this tree passes it, and a copy of src/ with one planted violation fails it, naming the import.
+// this tree passes it, and a copy of src/ (or sim/) with one planted violation fails it, naming the import.
 import { spawnSync } from 'node:child_process';
 import { appendFileSync, cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -17,12 +17,13 @@ afterEach(() => {
   dirs = [];
 });
 
-/** A copy of this repository's src/, with `plant` applied to it. */
-function plantedTree(plant) {
+/** A copy of this repository's src/ (or `folder`), with `plant` applied to it. */
+function plantedTree(plant, folder = 'src') {
   const root = mkdtempSync(path.join(os.tmpdir(), 'check-imports-'));
   dirs.push(root);
   cpSync(path.join(REPO_ROOT, 'src'), path.join(root, 'src'), { recursive: true });
-  plant(path.join(root, 'src'));
+  if (folder !== 'src') cpSync(path.join(REPO_ROOT, folder), path.join(root, folder), { recursive: true });
+  plant(path.join(root, folder));
   return root;
 }
 
@@ -65,6 +66,24 @@ describe('the layers of src/', () => {
       'src/extra/errors.ts: its layer extra is not in scripts/check-imports.mjs FLOORS (docs/architecture.md)',
       'circle: src/state/planted-a.ts -> src/state/planted-b.ts -> src/state/planted-a.ts',
     ]);
+  });
+});
+
+describe('the modules of sim/', () => {
+  it('fails on sim/endpoints.mjs importing the engine entry that imports it (the circle issue 26 removed)', () => {
+    const root = plantedTree((sim) => appendFileSync(path.join(sim, 'endpoints.mjs'), "\nimport { promptOf } from './engine.mjs';\nvoid promptOf;\n"), 'sim');
+    expect(checkImports(root)).toEqual(['circle: sim/endpoints.mjs -> sim/engine.mjs -> sim/endpoints.mjs']);
+    const r = run(root);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('circle: sim/endpoints.mjs -> sim/engine.mjs -> sim/endpoints.mjs');
+  });
+
+  it('counts a JSDoc type import in a circle', () => {
+    const root = plantedTree((sim) => {
+      writeFileSync(path.join(sim, 'model/planted-a.mjs'), "import { b } from './planted-b.mjs';\n/** @typedef {number} A */\nexport const a = () => b;\n");
+      writeFileSync(path.join(sim, 'model/planted-b.mjs'), "/** @typedef {import('./planted-a.mjs').A} A */\n/** @type {A} */\nexport const b = 1;\n");
+    }, 'sim');
+    expect(checkImports(root)).toEqual(['circle: sim/model/planted-a.mjs -> sim/model/planted-b.mjs -> sim/model/planted-a.mjs']);
   });
 });
 

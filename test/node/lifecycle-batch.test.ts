@@ -6,7 +6,7 @@
 // small so each case ends in about a second.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { MAX_BATCH_PROMPTS } from "../../src/forward/batch";
-import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startRig, until, workerdFigures, type Rig } from "./lifecycle-harness";
+import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startPairRig, until, workerdFigures, type EngineStats, type Rig } from "./lifecycle-harness";
 import { startScriptedEngine, sseHead, writeDrained, type ScriptedEngine } from "./scripted-engine";
 import { seededRandom } from "../support/seeded";
 
@@ -36,27 +36,12 @@ beforeAll(async () => {
     }
     res.end("data: [DONE]\n\n");
   });
-  rig = await startRig({
-    engines: [
-      { id: "p0", role: "prefill" },
-      { id: "d0", role: "decode" },
-    ],
+  ({ rig, document: doc } = await startPairRig({
     vars: { LEASE_TTL_MS: 3000, CLIENT_STALL_MS: STALL_MS, RATE_LIMIT_PERIOD_S: RATE_PERIOD_S },
     // keyed by the client's address (no API_KEYS here): only requests that send cf-connecting-ip are limited
     rateLimit: { limit: RATE_LIMIT, period: RATE_PERIOD_S },
-    document: (url) =>
-      (doc = {
-        protocol: "vllm",
-        policy: { prefill: "round_robin", decode: "round_robin" },
-        timeouts: TIMEOUTS,
-        // no ejection: cases fail the one D on purpose
-        health: { ejectAfter: 100 },
-        nodes: [
-          { id: "p0", url: url("p0"), role: "prefill" },
-          { id: "d0", url: url("d0"), role: "decode" },
-        ],
-      }),
-  });
+    document: { timeouts: TIMEOUTS },
+  }));
 }, 120000);
 
 afterAll(async () => {
@@ -99,18 +84,30 @@ async function oneLinePerPrompt(id: string, k: number, ms: number): Promise<Arra
 const dataEvents = (t: string) => (t.match(/data: \{/g) ?? []).length;
 
 describe("1. a batched stream whose client leaves: every prompt's legs closed, every lease released, one log line a prompt", () => {
-  it("the client leaves while the prompts' P legs still prefill", async () => {
-    const id = newId("during-p");
-    rig.engine("p0").setFault({ mode: "slow", delayMs: 1000, count: 3 });
+  it.each([
+    {
+      what: "the client leaves while the prompts' P legs still prefill",
+      name: "during-p",
+      log: "b1a",
+      slow: "p0",
+      running: "three P legs running",
+      ready: (s: Record<string, EngineStats>) => s.p0!.inflight === 3,
+    },
+    {
+      what: "the client leaves after P answered, before D's first byte",
+      name: "before-d",
+      log: "b1b",
+      slow: "d0",
+      running: "P answered all three, D running",
+      ready: (s: Record<string, EngineStats>) => s.p0!.requests.vllmPrefill === 3 && s.p0!.inflight === 0 && s.d0!.inflight === 3,
+    },
+  ])("$what", async ({ name, log, slow, running, ready }) => {
+    const id = newId(name);
+    rig.engine(slow).setFault({ mode: "slow", delayMs: 1000, count: 3 });
     const client = new RawClient(rig.port, { path: "/v1/completions", body: batchBody(3), headers: { "x-request-id": id } });
-    await until(
-      "three P legs running",
-      () => rig.engineStats(),
-      (s) => s.p0!.inflight === 3,
-      3000,
-    );
+    await until(running, () => rig.engineStats(), ready, 3000);
     client.leave();
-    // P finishes its second, D starts, and the merged stream's first write nobody reads stalls for STALL_MS
+    // the slow leg ends (P finishes its second, D starts), and the merged stream's first write nobody reads stalls for STALL_MS
     const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.outputTokens).toBeLessThan(MAX_TOKENS);
@@ -121,29 +118,7 @@ describe("1. a batched stream whose client leaves: every prompt's legs closed, e
     expect(new Set(logs.map((l) => `${l.status} ${l.outcome}`)).size).toBe(1);
     expect(logs[0]!.status).toBe(499);
     expect(["stalled", "aborted"]).toContain(logs[0]!.outcome);
-    console.info(`[b1a] released ${ms} ms after the client left; every prompt ${logs[0]!.outcome}; d0 tokens ${stats.d0!.outputTokens}`);
-  });
-
-  it("the client leaves after P answered, before D's first byte", async () => {
-    const id = newId("before-d");
-    rig.engine("d0").setFault({ mode: "slow", delayMs: 1000, count: 3 });
-    const client = new RawClient(rig.port, { path: "/v1/completions", body: batchBody(3), headers: { "x-request-id": id } });
-    await until(
-      "P answered all three, D running",
-      () => rig.engineStats(),
-      (s) => s.p0!.requests.vllmPrefill === 3 && s.p0!.inflight === 0 && s.d0!.inflight === 3,
-      3000,
-    );
-    client.leave();
-    const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
-    const stats = await expectEnginesIdle(rig, 1000);
-    expect(stats.d0!.outputTokens).toBeLessThan(MAX_TOKENS);
-    expect(stats.p0!.heldHandles).toBe(0);
-    const logs = await oneLinePerPrompt(id, 3, 1000);
-    expect(new Set(logs.map((l) => `${l.status} ${l.outcome}`)).size).toBe(1);
-    expect(logs[0]!.status).toBe(499);
-    expect(["stalled", "aborted"]).toContain(logs[0]!.outcome);
-    console.info(`[b1b] released ${ms} ms after the client left; every prompt ${logs[0]!.outcome}; d0 tokens ${stats.d0!.outputTokens}`);
+    console.info(`[${log}] released ${ms} ms after the client left; every prompt ${logs[0]!.outcome}; d0 tokens ${stats.d0!.outputTokens}`);
   });
 
   it("the client leaves mid-stream: noticed at once, every prompt `aborted`", async () => {

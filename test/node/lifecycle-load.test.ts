@@ -5,11 +5,14 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { RawClient, chatBody, expectEnginesIdle, expectReleased, idle, request, sleep, startRig, until, workerdFigures, type Rig } from "./lifecycle-harness";
 
-const STALL_MS = 1000;
+// a client that reads nothing, or a D that sends nothing, for this long is stalled: 4 s, because on
+// a 2-core machine with busy loops beside the suite a healthy stream's reader (this process) or
+// relay (workerd) can be off the CPU for more than a second (1 s cut a 16 MB line at 5 MB)
+const STALL_MS = 4000;
 // prefillMs and decodeFirstByteMs well above what 200 streams take on a busy 2-core machine: no
 // fault here makes a node silent before its first byte, so a 504 there would be the host's load
 // (46 of 200 at 2 s, with four test files beside it), not the router's behaviour
-const TIMEOUTS = { prefillMs: 6000, decodeFirstByteMs: 6000, decodeIdleMs: 1000, nonStreamMs: 6000 };
+const TIMEOUTS = { prefillMs: 6000, decodeFirstByteMs: 6000, decodeIdleMs: STALL_MS, nonStreamMs: 6000 };
 const CONFIG_TTL_MS = 1000;
 
 let rig: Rig;
@@ -59,19 +62,20 @@ describe("8. SSE rewriting stays linear and bounded: huge lines pass through", (
     const started = Date.now();
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, stream_options: { include_usage: true } }) });
     const sampler = setInterval(() => void rig.workerd().then((w) => w && (peakKb = Math.max(peakKb, w.rssKb))), 100);
-    const ended = await client.waitEnded(15000);
+    const ended = await client.waitEnded(40000);
     clearInterval(sampler);
     const ms = Date.now() - started;
     const after = await workerdFigures(rig, ctx);
     expect(ended).toBe(true);
     expect(client.bytes).toBeGreaterThan(MB16);
     expect(client.tailText()).toContain('"}\n\ndata: [DONE]\n\n');
-    expect(ms).toBeLessThan(8000);
-    // 27 s of CPU for this line before issue 11; a linear pass is well under a few seconds
+    // wall time bounds only a hang (a starved machine is slow); what tells linear from quadratic is
+    // workerd's CPU: 27 s for this line before issue 11, a linear pass well under a few seconds
+    expect(ms).toBeLessThan(30000);
     expect(after.cpuMs - before.cpuMs).toBeLessThan(4000);
     expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
     console.info(`[8a] 16 MB line: ${ms} ms, workerd CPU ${after.cpuMs - before.cpuMs} ms, RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
-    await expectReleased(rig, 2000);
+    await expectReleased(rig, 10000);
   });
 
   it("a D that never sends a newline (48 MB of one line): the bytes flow on, memory does not grow with them", async (ctx) => {
@@ -88,7 +92,7 @@ describe("8. SSE rewriting stays linear and bounded: huge lines pass through", (
     // the router holds at most MAX_DATA_LINE_BYTES (1 MB) of a line; what it passes on is not kept
     expect(peakKb - before.rssKb).toBeLessThan(200 * 1024);
     console.info(`[8b] 48 MB without a newline: RSS ${before.rssKb >> 10} -> peak ${peakKb >> 10} MB`);
-    await expectReleased(rig, 2000);
+    await expectReleased(rig, 10000);
   });
 });
 
@@ -114,7 +118,7 @@ describe("13. a concurrency-64 burst is answered, after idle time and across a d
     await rig.putDocument({ ...doc, policy: { prefill: "round_robin", decode: "round_robin" } });
     const results = (await Promise.all(waves)).flat();
     expect(statuses(results)).toEqual({ 200: 192 });
-    await expectReleased(rig, 2000);
+    await expectReleased(rig, 10000);
     await rig.putDocument(doc);
   });
 });
@@ -203,8 +207,8 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
     await Promise.all(Array.from({ length: N }, (_, i) => runOne(i)));
     const clientsDone = Date.now();
     // Bound: the slowest a request can take to notice it is alone — P's timeout, D's first byte,
-    // then CLIENT_STALL_MS for the first write nobody reads — plus a second of slack.
-    const bound = TIMEOUTS.prefillMs + TIMEOUTS.decodeFirstByteMs + STALL_MS + 1000;
+    // then CLIENT_STALL_MS for the first write nobody reads — plus 5 s of slack for a starved machine.
+    const bound = TIMEOUTS.prefillMs + TIMEOUTS.decodeFirstByteMs + STALL_MS + 5000;
     const statusAtEnd = await rig.adminStatus();
     const released = await until("leases released and in-flight 0", () => rig.adminStatus(), idle, bound).catch((e: Error) => e);
     const toZeroMs = Date.now() - clientsDone;
@@ -221,7 +225,7 @@ describe("soak: 200 concurrent streams, clients leaving at random moments, engin
         `${released.message}\nheld after ${toZeroMs} ms; released after ${Date.now() - clientsDone} ms; requests without a log line by client behaviour: ${JSON.stringify(unlogged)}; expired: ${rig.lines().filter((l) => l.includes("lease_expired")).length}`,
       );
     }
-    await expectEnginesIdle(rig, 2000);
+    await expectEnginesIdle(rig, 10000);
     const toNoConnectionMs = Date.now() - clientsDone;
     console.info(
       `[soak] outcomes ${JSON.stringify(outcomes)}; at the clients' end: ${statusAtEnd.leases} leases; leases and load 0 after ${toZeroMs} ms, upstream connections 0 after ${toNoConnectionMs} ms (bound ${bound} ms)`,

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 // @ts-expect-error plain JS module
 import { devtoolsSession, heapAfterGc, heapObjectBytes } from "../../scripts/devtools.mjs";
-import { RawClient, chatBody, expectEnginesIdle, expectReleased, freePort, startRig, type Rig } from "./lifecycle-harness";
+import { RawClient, chatBody, expectEnginesIdle, expectReleased, freePort, startPairRig, type Rig } from "./lifecycle-harness";
 
 /** One conversation throughout: the object's per-conversation memory (stickiness, prefix index) stays one entry, so what grows is what requests leave. */
 const SAME_CONVERSATION = (max_tokens: number) => chatBody({ stream: true, max_tokens, messages: [{ role: "user", content: "the same question every time" }] });
@@ -17,24 +17,11 @@ let inspectorPort: number;
 
 beforeAll(async () => {
   inspectorPort = await freePort();
-  rig = await startRig({
-    engines: [
-      { id: "p0", role: "prefill" },
-      { id: "d0", role: "decode" },
-    ],
+  ({ rig } = await startPairRig({
     // D writes a token every 2 ms: a 400-token answer is still streaming when the client leaves
     engineDefaults: { decodeBaseMs: 2, decodeMsPerSeq: 0, transferInterferenceMs: 0, transferMsPerBlock: 0 },
     inspectorPort,
-    document: (url) => ({
-      protocol: "vllm",
-      policy: { prefill: "round_robin", decode: "round_robin" },
-      health: { ejectAfter: 100 },
-      nodes: [
-        { id: "p0", url: url("p0"), role: "prefill" },
-        { id: "d0", url: url("d0"), role: "decode" },
-      ],
-    }),
-  });
+  }));
 }, 120000);
 
 afterAll(async () => {

@@ -2,6 +2,7 @@ import { env, SELF } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
 import { parseClusterDocument, type ClusterConfig } from "../../src/config/schema";
 import { listModels } from "../../src/routes/models";
+import { waitFor } from "./engines-helpers";
 import { control, engineUrl, putCluster } from "./helpers";
 
 const models = async () => ((await (await SELF.fetch("http://router/v1/models")).json()) as any).data.map((m: any) => m.id);
@@ -22,6 +23,9 @@ describe("GET /v1/models does not fan out to every node on every call", () => {
         { id: "c0", role: "both", models: ["listed"] },
       ],
     });
+    // c1 answers within the fan-out's 2 s timeout, or (a machine starved of CPU) a later call asks
+    // again once the partial union's short cache runs out
+    await waitFor(models, (m) => m.length === 2, 20000, "c1's models listed");
     expect(await models()).toEqual(["listed", "sim-model"]);
     await control("/engines/c1/stop", {});
     try {
@@ -38,7 +42,7 @@ describe("GET /v1/models does not fan out to every node on every call", () => {
         { id: "c0", role: "both", models: ["other"] },
       ],
     });
-    expect(await models()).toEqual(["other", "sim-model"]);
+    expect(await waitFor(models, (m) => m.length === 2, 20000, "c1's models listed")).toEqual(["other", "sim-model"]);
   });
 });
 

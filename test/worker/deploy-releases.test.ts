@@ -51,20 +51,24 @@ describe("7. which failed decode attempts release P's handle (what the router sa
 });
 
 describe("7. releases through the Worker, against the strict simulator", () => {
-  beforeEach(async () => {
-    await resetSim();
-    await resetClusterState();
-    await putCluster({
+  /** P, the faulty d0 (with `d0Fields`) and the healthy d1, round robin. */
+  const putReleaseCluster = (d0Fields: Record<string, unknown> = {}) =>
+    putCluster({
       protocol: "vllm",
       policy: rr,
       // room for the healthy d1 on a busy machine; d0's silence and hang outlast it
       timeouts: { decodeFirstByteMs: 1500 },
       nodes: [
         { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
+        { id: "d0", role: "decode", ...d0Fields },
         { id: "d1", role: "decode" },
       ],
     });
+
+  beforeEach(async () => {
+    await resetSim();
+    await resetClusterState();
+    await putReleaseCluster();
   });
   afterEach(resetSim);
 
@@ -94,10 +98,8 @@ describe("7. releases through the Worker, against the strict simulator", () => {
     expect((await stats("d0")).faultsInjected).toBe(1);
   }
 
-  it("D refused by a proxy in front of it (an HTML 502): released through the next D, P holds nothing", async () => {
-    await fault("d0", { mode: "respond", status: 502, headers: { "content-type": "text/html" }, body: "<html>502 Bad Gateway</html>", count: 1 });
-    await twoRequests();
-    await d0HadTheHandle();
+  /** P holds no handle within 2 s, and freed exactly one. */
+  async function pFreedOneHandle() {
     const p0 = await waitFor(
       () => stats("p0"),
       (s) => s.heldHandles === 0,
@@ -105,78 +107,55 @@ describe("7. releases through the Worker, against the strict simulator", () => {
       "p0 holds no handle",
     );
     expect(p0.releasedHandles).toBe(1);
-    expect(await releasesAt(["d1"])).toHaveLength(1);
-  });
+  }
 
-  it("D's engine refused it (a JSON 503): no release — the engine told P itself (vLLM >= 0.21)", async () => {
-    await fault("d0", { mode: "respond", status: 503, headers: { "content-type": "application/json" }, body: '{"error":{"message":"busy"}}', count: 1 });
-    await twoRequests();
+  it.each([
+    // [what, d0's fault, stream, P's handle freed (by the router's release or by D), released through the next D]
+    [
+      "D refused by a proxy in front of it (an HTML 502): released through the next D, P holds nothing",
+      { mode: "respond", status: 502, headers: { "content-type": "text/html" }, body: "<html>502 Bad Gateway</html>", count: 1 },
+      false,
+      true,
+      true,
+    ],
+    [
+      "D's engine refused it (a JSON 503): no release — the engine told P itself (vLLM >= 0.21)",
+      { mode: "respond", status: 503, headers: { "content-type": "application/json" }, body: '{"error":{"message":"busy"}}', count: 1 },
+      false,
+      false,
+      false,
+    ],
+    ["D sent its stream's headers, then nothing before decodeFirstByteMs: no release — D's engine had it", { mode: "silent", delayMs: 6000, count: 1 }, true, false, false],
+    // P is told once, by d0 (the simulator models vLLM >= 0.21's cancellation cleanup), not twice
+    ["the same stuck stream on a D of vLLM 0.21 or newer (no vllmVersion): no release — D's cancelled route tells P itself", { mode: "hang", count: 1 }, true, true, false],
+  ] as const)("%s", async (_what, d0Fault, stream, pFreed, released) => {
+    await fault("d0", d0Fault);
+    await twoRequests(stream);
     await d0HadTheHandle();
-    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
-  });
-
-  it("D sent its stream's headers, then nothing before decodeFirstByteMs: no release — D's engine had it", async () => {
-    await fault("d0", { mode: "silent", delayMs: 6000, count: 1 });
-    await twoRequests(true);
-    await d0HadTheHandle();
-    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
+    if (pFreed) await pFreedOneHandle();
+    // a release goes through d1; none at all where D's engine may have the handle
+    expect(await releasesAt(released ? ["d1"] : ["d0", "d1"])).toHaveLength(released ? 1 : 0);
   });
 
   it("a stream whose D sent not even its headers within decodeFirstByteMs (its server is stuck), D older than vLLM 0.21: released through the next D", async () => {
-    await putCluster({
-      protocol: "vllm",
-      policy: rr,
-      timeouts: { decodeFirstByteMs: 1500 },
-      nodes: [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode", vllmVersion: "0.20.2" },
-        { id: "d1", role: "decode" },
-      ],
-    });
+    await putReleaseCluster({ vllmVersion: "0.20.2" });
     // the simulated d0 as vLLM < 0.21: its serving layer tells P nothing
     await control("/engines/d0/options", { rejectionReleasesHandle: false });
     try {
       await fault("d0", { mode: "hang", count: 1 });
       await twoRequests(true);
-      const p0 = await waitFor(
-        () => stats("p0"),
-        (s) => s.heldHandles === 0,
-        2000,
-        "p0 holds no handle",
-      );
-      expect(p0.releasedHandles).toBe(1);
+      await pFreedOneHandle();
       expect(await releasesAt(["d1"])).toHaveLength(1);
     } finally {
       await control("/engines/d0/options", { rejectionReleasesHandle: true });
     }
   });
 
-  it("the same stuck stream on a D of vLLM 0.21 or newer (no vllmVersion): no release — D's cancelled route tells P itself", async () => {
-    await fault("d0", { mode: "hang", count: 1 });
-    await twoRequests(true);
-    await d0HadTheHandle();
-    // P is told once, by d0 (the simulator models vLLM >= 0.21's cancellation cleanup), not twice
-    const p0 = await waitFor(
-      () => stats("p0"),
-      (s) => s.heldHandles === 0,
-      2000,
-      "p0 holds no handle",
-    );
-    expect(p0.releasedHandles).toBe(1);
-    expect(await releasesAt(["d0", "d1"])).toHaveLength(0);
-  });
-
   it("D unreachable: released through the next D", async () => {
     await control("/engines/d0/stop", {});
     try {
       await twoRequests();
-      const p0 = await waitFor(
-        () => stats("p0"),
-        (s) => s.heldHandles === 0,
-        2000,
-        "p0 holds no handle",
-      );
-      expect(p0.releasedHandles).toBe(1);
+      await pFreedOneHandle();
       expect(await releasesAt(["d1"])).toHaveLength(1);
     } finally {
       await control("/engines/d0/start", {});

@@ -1,39 +1,17 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
+import { completionsTo, engineFault, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
+import { conversations } from "../support/conversation";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —
 // and how a node made slower is learned.
 
-const RUN = Math.random().toString(36).slice(2, 8);
+/** A conversation of 6 prefix blocks (~3,100 tokens), apart from other runs' */
+const conversation = conversations(Math.random().toString(36).slice(2, 8));
 // the engine queue is the prediction's to weigh, not the guard's: queueBusy out of the way
 const signals = { intervalMs: 600_000, staleMs: 1_200_000, queueBusy: 1000 };
 const predicted = (decode = "affinity") => ({ policy: { prefill: "affinity", decode, disaggregation: "predicted" }, signals });
 
-/** A conversation whose system prompt is 6 prefix blocks (~3,100 tokens). */
-function conversation(name: string) {
-  const messages: Array<{ role: string; content: string }> = [{ role: "system", content: `${name} ${RUN}. `.padEnd(6 * 2048, `${name} rule. `) }];
-  return (i: number) => {
-    if (i > 1) messages.push({ role: "assistant", content: `answer ${i - 1}` });
-    messages.push({ role: "user", content: `${name} question ${i}` });
-    return { model: "sim-model", max_tokens: 2, messages: [...messages] };
-  };
-}
-
-async function explain(body: unknown): Promise<any> {
-  const res = await post("/v1/route", body);
-  expect(res.status).toBe(200);
-  return res.json();
-}
-
-async function send(body: unknown): Promise<{ mode: string | null; p: string | null; d: string | null }> {
-  const res = await post("/v1/chat/completions", body);
-  expect(res.status, await res.clone().text()).toBe(200);
-  await res.arrayBuffer();
-  return { mode: res.headers.get("x-pd-mode"), p: res.headers.get("x-pd-prefill"), d: res.headers.get("x-pd-decode") };
-}
-
-const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 const byId = (list: any[]) => Object.fromEntries(list.map((c) => [c.id, c]));
 
 beforeEach(async () => {
@@ -55,7 +33,7 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     );
     await poll();
     const turn = conversation("queued-d");
-    const first = await send(turn(1));
+    const first = await sendChat(turn(1));
     const warm = first.d!;
     const cold = warm === "d0" ? "d1" : "d0";
     const idle = await explain(turn(2));
@@ -71,7 +49,7 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     expect(d[warm].uncachedTokens).toBeLessThan(d[cold].uncachedTokens);
     expect(d[warm].predictedTtftMs).toBeGreaterThan(d[cold].predictedTtftMs);
     expect(route.predictedTtftMs).toBeCloseTo(d[cold].predictedTtftMs, 0);
-    expect((await send(turn(2))).d).toBe(cold);
+    expect((await sendChat(turn(2))).d).toBe(cold);
   });
 });
 
@@ -87,7 +65,7 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
     await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity", disaggregation: "predicted" }, signals: { ...signals, queueBusy: 2 } });
     await poll();
     await engineFault("c0", { mode: "slow", delayMs: 4000, count: 2 });
-    const held = [send(conversation("own-a")(1)), send(conversation("own-b")(1))];
+    const held = [sendChat(conversation("own-a")(1)), sendChat(conversation("own-b")(1))];
     await waitFor(
       "c0's two prefill legs",
       async () => (await completionsTo("c0")).length,
@@ -131,7 +109,7 @@ describe("predicted: admission.ttftSloMs judges the decision's own prediction", 
     expect(body.error.code).toBe("slo_unmeetable");
     expect(body.error.message).toMatch(/predicted time to first token is about \d+ ms/);
     expect((await completionsTo("d0")).length).toBe(before);
-    expect(await send(ask("slo-c"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+    expect(await sendChat(ask("slo-c"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
     const refused = (await snapshot()).admission.rejected.find((r) => r.reason === "slo_unmeetable" && r.tier === "flex");
     expect(refused?.count).toBe(1);
 
@@ -139,7 +117,7 @@ describe("predicted: admission.ttftSloMs judges the decision's own prediction", 
     await setMetrics("p0", kv(0.1, { capacityTokens: 100_000 }));
     await poll();
     expect((await explain(ask("slo-d", "flex"))).predictedTtftMs).toBeLessThan(5000);
-    expect(await send(ask("slo-d", "flex"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+    expect(await sendChat(ask("slo-d", "flex"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
   });
 });
 
@@ -165,7 +143,7 @@ describe("predicted: a local prefill needs KV room for the whole prompt", () => 
     const tight = await explain(cold);
     expect(tight).toMatchObject({ mode: "disaggregated", reason: "predicted", prefill: { id: "p0" }, decode: { id: "d0" } });
     expect(byId(tight.candidates.decode).d0.localTtftMs).toBeNull();
-    expect(await send(cold)).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+    expect(await sendChat(cold)).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
     expect((await completionsTo("d0")).at(-1)?.kv_transfer_params).toMatchObject({ do_remote_prefill: true });
   });
 });
@@ -181,12 +159,12 @@ describe("learned rates", () => {
     await poll();
     const tokensPerS = async () => (await snapshot()).nodes.find((n) => n.id === "p0")!.rates!.prefillTokensPerS;
     const ask = (i: number) => conversation(`rate-${i}`)(1);
-    for (let i = 0; i < 5; i++) await send(ask(i));
+    for (let i = 0; i < 5; i++) await sendChat(ask(i));
     const before = await waitFor("p0's rate learned", tokensPerS, (v) => v !== 10_000);
     // p0 now takes a second longer to answer each prefill
     const res = await fetch(`${signalsRig().simControlUrl}/engines/p0/fault`, { method: "POST", body: JSON.stringify({ mode: "slow", delayMs: 1000, count: 4 }) });
     expect(res.ok).toBe(true);
-    for (let i = 5; i < 9; i++) expect((await send(ask(i))).p).toBe("p0");
+    for (let i = 5; i < 9; i++) expect((await sendChat(ask(i))).p).toBe("p0");
     const after = await waitFor("p0's slowness learned", tokensPerS, (v) => v < before / 2);
     expect(after).toBeLessThan(before / 2);
     // predicted: /v1/route shows the slow rate, and d0 (at its profile's rate) prefills the next cold prompt itself

@@ -1,6 +1,6 @@
 import { env, runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { chat, control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot } from "./helpers";
+import { chat, control, endEjection, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, snapshot } from "./helpers";
 import { waitFor } from "./engines-helpers";
 
 const rr = { prefill: "round_robin", decode: "round_robin" };
@@ -47,8 +47,9 @@ describe.each([
   beforeEach(healAll);
 
   it("fails over, is ejected after the threshold, and comes back after it heals", async () => {
-    // ejected for 2 s: long enough that the checks below run while it is open, even on a busy machine
-    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 2000 } }));
+    // ejected for a minute: the checks below run while it is open however slow the machine is;
+    // the test then ends the ejection itself (endEjection) rather than waiting for it
+    await putCluster(twoByTwo({ health: { ...health, ejectBaseMs: 60000, ejectMaxMs: 60000 } }));
     await breakIt("p0");
     // Every request succeeds: a failed P is retried on the other one before anything is sent.
     const first = await send(8);
@@ -66,12 +67,8 @@ describe.each([
     await expectNoLoad();
 
     await control("/reset", {}); // heals every engine (and restarts a stopped one)
-    await waitFor(
-      () => node("p0"),
-      (n) => n.breaker === "half_open",
-      5000,
-      "p0's breaker half-open",
-    );
+    await endEjection("p0");
+    expect((await node("p0")).breaker).toBe("half_open");
     const after = await send(4);
     expect(after.every((r) => r.status === 200)).toBe(true);
     expect(after.some((r) => r.headers.get("x-pd-prefill") === "p0")).toBe(true);
@@ -250,8 +247,9 @@ describe("200 concurrent requests with random client aborts", () => {
     );
     expect(results.filter((r) => r === 200).length).toBeGreaterThan(50);
     expect(results.every((r) => r === 200 || r === "aborted")).toBe(true);
-    await expectNoLoad(15000);
-  }, 30000);
+    // bounds for a machine starved of CPU (200 streams through one workerd), not behaviour windows
+    await expectNoLoad(30000);
+  }, 120000);
 });
 
 describe("the breaker after its first cycle", () => {
@@ -265,13 +263,14 @@ describe("the breaker after its first cycle", () => {
   });
 
   // longer than anything a busy machine takes between a failure and reading the breaker (a whole
-  // request and a snapshot): the test reads "open" before the ejection runs out (400 ms did not hold)
-  const base = 2000;
+  // request and a snapshot: 400 ms, then 2 s, did not hold); the test ends an ejection itself
+  // (endEjection) where it moves on to half-open
+  const base = 60000;
   const breakerDoc = {
     protocol: "vllm",
     // P by affinity: the test picks session keys whose first P is p0; D by round robin
     policy: { prefill: "affinity", decode: "round_robin" },
-    health: { ...health, ejectAfter: 1, ejectBaseMs: base, ejectMaxMs: 60000 },
+    health: { ...health, ejectAfter: 1, ejectBaseMs: base, ejectMaxMs: 10 * base },
     timeouts: { prefillMs: 60000, decodeFirstByteMs: 60000 },
     nodes: [
       { id: "p0", role: "prefill" as const },
@@ -309,11 +308,8 @@ describe("the breaker after its first cycle", () => {
     expect(first.ejectedUntil - first.lastFailureAt).toBe(base);
 
     // once the ejection has run out the breaker is half-open: the next request for p0 is its trial
-    await waitFor(
-      async () => (await node("p0")).breaker,
-      (b) => b === "half_open",
-      base + 5000,
-    );
+    await endEjection("p0");
+    expect((await node("p0")).breaker).toBe("half_open");
     await fault("p0", { mode: "hang" });
     held = new AbortController();
     const trial = SELF.fetch("http://router/v1/chat/completions", {

@@ -128,6 +128,20 @@ export async function expectNoLoad(timeoutMs = 5000) {
   throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
 }
 
+/**
+ * Ends a node's ejection now, as if its breaker's time had run out: a test ejects for a minute
+ * (so "open" holds however slow the machine is) and then moves on to half-open without waiting.
+ */
+export async function endEjection(node: string, pool = "cluster") {
+  const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName(pool)) as unknown;
+  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+  await run(stub, (instance) => {
+    const h = instance.health.get(node);
+    if (!h || h.ejectedUntil === 0) throw new Error(`${node} is not ejected`);
+    h.ejectedUntil = Date.now() - 1;
+  });
+}
+
 /** Forgets health, breaker, stickiness, prefix, recent-share, learned-rate and routing-precision state in the Durable Object, so tests do not leak into each other. */
 export async function resetClusterState() {
   // typed loosely: the stub's RPC types are too deep for runInDurableObject's generics

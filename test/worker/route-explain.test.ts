@@ -203,7 +203,7 @@ describe("POST /v1/route answers the decision with its reasons", () => {
     await expectNothingForwarded();
   });
 
-  // The body's kind is decided on its parsed top level (explainRoute, src/routes/inference.ts): a
+  // The body's kind is decided on its parsed top level (explainRoute, src/routes/explain.ts): a
   // completions body whose nested "messages" key is a JSON-schema property for structured output
   // is a completion, as /v1/completions serves it (a regex over the raw text once took it for chat).
   it('a completions body with a nested "messages" key is explained, not refused', async () => {

@@ -4,19 +4,11 @@
 import { env, runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { fault, post, putCluster, resetClusterState, resetSim } from "./helpers";
+import { conversations } from "../support/conversation";
 
-const RUN = Math.random().toString(36).slice(2, 8);
+/** A conversation of 6 prefix blocks (~3,100 tokens): its turns share whole blocks */
+const conversation = conversations(Math.random().toString(36).slice(2, 8));
 const stub = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
-
-/** A conversation whose system prompt is 6 prefix blocks (~3,100 tokens): its turns share whole blocks. */
-function conversation(name: string) {
-  const messages: Array<{ role: string; content: string }> = [{ role: "system", content: `${name} ${RUN}. `.padEnd(6 * 2048, `${name} rule. `) }];
-  return (i: number) => {
-    if (i > 1) messages.push({ role: "assistant", content: `answer ${i - 1}` });
-    messages.push({ role: "user", content: `${name} question ${i}` });
-    return { model: "sim-model", max_tokens: 2, messages: [...messages] };
-  };
-}
 
 async function send(body: unknown) {
   const res = await post("/v1/chat/completions", body);

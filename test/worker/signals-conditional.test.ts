@@ -1,5 +1,6 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics } from "./signals-helpers";
+import { completionsTo, explain, kv, poll, putNodes, resetEngines, resetState, sendChat, setMetrics } from "./signals-helpers";
+import { conversations } from "../support/conversation";
 import { seededRandom } from "../support/seeded";
 
 // Conditional disaggregation and what the engines say about themselves (SPEC 8): a D that is busy
@@ -10,32 +11,8 @@ const PD = [
   { id: "p0", role: "prefill" as const },
   { id: "d0", role: "decode" as const },
 ];
-const RUN = seededRandom(12)().toString(36).slice(2, 8);
+const conversation = conversations(seededRandom(12)().toString(36).slice(2, 8));
 const policy = { prefill: "affinity", decode: "affinity", disaggregation: "conditional" };
-
-function conversation(name: string) {
-  const messages: Array<{ role: string; content: string }> = [{ role: "system", content: `${name} ${RUN}. `.padEnd(6 * 2048, `${name} rule. `) }];
-  return (i: number) => {
-    if (i > 1) messages.push({ role: "assistant", content: `answer ${i - 1}` });
-    messages.push({ role: "user", content: `${name} question ${i}` });
-    return { model: "sim-model", max_tokens: 2, messages: [...messages] };
-  };
-}
-
-async function explain(body: unknown): Promise<any> {
-  const res = await post("/v1/route", body);
-  expect(res.status).toBe(200);
-  return res.json();
-}
-
-async function send(body: unknown): Promise<string | null> {
-  const res = await post("/v1/chat/completions", body);
-  expect(res.status, await res.clone().text()).toBe(200);
-  await res.arrayBuffer();
-  return res.headers.get("x-pd-mode");
-}
-
-const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 
 beforeEach(async () => {
   await resetState();
@@ -48,7 +25,7 @@ describe("a busy D is not given a local prefill", () => {
     await putNodes(PD, { policy });
     await poll();
     const turn = conversation("decode-busy");
-    expect(await send(turn(1))).toBe("disaggregated");
+    expect((await sendChat(turn(1))).mode).toBe("disaggregated");
     const warm = turn(2);
     expect(await explain(warm)).toMatchObject({ mode: "local", reason: "cached" });
 
@@ -59,7 +36,7 @@ describe("a busy D is not given a local prefill", () => {
     expect(route).toMatchObject({ mode: "disaggregated", reason: "decode_busy", decode: { id: "d0" } });
     expect(route.candidates.decode[0]).toMatchObject({ id: "d0", kvUsage: expect.closeTo(0.89, 2), busy: false });
     const before = (await completionsTo("p0")).length;
-    expect(await send(warm)).toBe("disaggregated");
+    expect((await sendChat(warm)).mode).toBe("disaggregated");
     expect((await completionsTo("p0")).length).toBe(before + 1);
     expect((await completionsTo("d0")).at(-1)?.kv_transfer_params).toMatchObject({ do_remote_prefill: true });
   });
@@ -74,7 +51,7 @@ describe("a busy P: D prefills the request itself (prefill_busy)", () => {
     const route = await explain(cold);
     expect(route).toMatchObject({ mode: "local", reason: "prefill_busy", prefill: { id: "d0", rule: "local_prefill" } });
     expect(route.candidates.prefill.find((c: any) => c.id === "p0")).toMatchObject({ queue: 9, busy: true });
-    expect(await send(cold)).toBe("local");
+    expect((await sendChat(cold)).mode).toBe("local");
     expect(await completionsTo("p0")).toEqual([]);
     expect((await completionsTo("d0")).at(-1)).not.toHaveProperty("kv_transfer_params");
   });

@@ -1,5 +1,5 @@
 import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
-import { afterAll, beforeAll, inject } from "vitest";
+import { afterAll, beforeAll, expect, inject } from "vitest";
 import type { MetricsMode } from "../support/metrics-front";
 
 // Nodes with a steerable /metrics (test/signals-global-setup.ts) and the cluster around them:
@@ -103,6 +103,24 @@ export async function poll(): Promise<void> {
 export function post(path: string, body: unknown, init: RequestInit = {}) {
   return SELF.fetch(`http://router${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), ...init });
 }
+
+/** POST /v1/route: the decision this body would get (200 expected). */
+export async function explain(body: unknown): Promise<any> {
+  const res = await post("/v1/route", body);
+  expect(res.status).toBe(200);
+  return res.json();
+}
+
+/** Sends a chat body (200 expected, its answer read to the end); returns its route receipt. */
+export async function sendChat(body: unknown): Promise<{ mode: string | null; p: string | null; d: string | null }> {
+  const res = await post("/v1/chat/completions", body);
+  expect(res.status, await res.clone().text()).toBe(200);
+  await res.arrayBuffer();
+  return { mode: res.headers.get("x-pd-mode"), p: res.headers.get("x-pd-prefill"), d: res.headers.get("x-pd-decode") };
+}
+
+/** The completion requests a node's engine got (its other endpoints apart), their bodies parsed. */
+export const completionsTo = async (id: string) => (await engineRequests(id)).filter((r) => r.path.startsWith("/v1/")).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 
 export const chatBody = (content: string, extra: Record<string, unknown> = {}) => ({ model: "sim-model", messages: [{ role: "user", content }], max_tokens: 2, ...extra });
 

@@ -1,0 +1,43 @@
+/**
+ * Counts a stream's SSE data events as they pass and when the first and last came: a token is an
+ * event (vLLM and SGLang send one a token, or a few at a time under load, which this counts as one
+ * step). One look at each byte, no decoding.
+ */
+export function streamPace(): { events: number; first: number; last: number; watch(bytes: Uint8Array): void } {
+  // "data:" at the start of a line; `atLineStart` carries across chunks
+  const DATA = [0x64, 0x61, 0x74, 0x61, 0x3a];
+  let atLineStart = true;
+  let matched = -1;
+  const pace = {
+    events: 0,
+    first: 0,
+    last: 0,
+    watch(bytes: Uint8Array) {
+      let found = false;
+      for (const b of bytes) {
+        if (b === 0x0a) {
+          atLineStart = true;
+          matched = -1;
+          continue;
+        }
+        if (atLineStart) {
+          matched = 0;
+          atLineStart = false;
+        }
+        if (matched >= 0 && b === DATA[matched]) {
+          matched++;
+          if (matched === DATA.length) {
+            pace.events++;
+            found = true;
+            matched = -1;
+          }
+        } else matched = -1;
+      }
+      if (!found) return;
+      const now = Date.now();
+      if (pace.first === 0) pace.first = now;
+      pace.last = now;
+    },
+  };
+  return pace;
+}
