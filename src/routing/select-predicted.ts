@@ -73,32 +73,44 @@ const score = (c: PredictedChoice): number => c.ttftMs + (c.mode === "local" ? c
  */
 export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const firstD = q.decodes[0];
-  const prefillMs = q.prefills.map((p) => prefillDoneMs(p.node, p.size));
+  const prefills = q.prefills;
+  const prefillMs = prefills.map((p) => prefillDoneMs(p.node, p.size));
+  // each P's best pair (its figure); the pairs themselves are numbers, an object only for a D's best
+  // (64 x 64 nodes are 4,096 pairs a request: allocating each was most of the decision's time)
+  const bestOfP = prefills.map(() => Infinity);
   const figures = { prefill: new Map<string, NodeFigures>(), decode: new Map<string, NodeFigures>() };
   let best: PredictedChoice | null = null;
   let incumbent: PredictedChoice | null = null;
 
   for (const d of q.decodes) {
     const side = decodeSide(d.node, d.size);
-    let bestHere: PredictedChoice | null = null;
-    q.prefills.forEach((p, i) => {
-      if (p.id === d.id || (q.sameGroup && p.group !== d.group)) return;
-      const pair: PredictedChoice = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: remoteAfterPrefillMs(prefillMs[i]!, side) };
-      if (d === firstD && incumbent === null) incumbent = pair;
-      if (bestHere === null || pair.ttftMs < bestHere.ttftMs) bestHere = pair;
-      const pf = figures.prefill.get(p.id);
-      if (pf === undefined || pair.ttftMs < pf.predictedTtftMs) figures.prefill.set(p.id, { predictedTtftMs: pair.ttftMs });
-    });
+    let bestAt = -1;
+    let bestMs = Infinity;
+    for (let i = 0; i < prefills.length; i++) {
+      const p = prefills[i]!;
+      if (p.id === d.id || (q.sameGroup && p.group !== d.group)) continue;
+      const ms = remoteAfterPrefillMs(prefillMs[i]!, side);
+      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms };
+      if (ms < bestMs) {
+        bestMs = ms;
+        bestAt = i;
+      }
+      if (ms < bestOfP[i]!) bestOfP[i] = ms;
+    }
+    const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
     const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(local ? [{ mode: "local" as const, decode: d.id, ...local }] : [])];
     for (const o of options) if (best === null || score(o) < score(best)) best = o;
     const f: NodeFigures = {
-      predictedTtftMs: Math.min((bestHere as PredictedChoice | null)?.ttftMs ?? Infinity, local?.ttftMs ?? Infinity),
+      predictedTtftMs: Math.min(bestHere?.ttftMs ?? Infinity, local?.ttftMs ?? Infinity),
       localTtftMs: local ? local.ttftMs : null,
     };
     if (local) f.decodeHarmMs = local.harmMs;
     figures.decode.set(d.id, f);
   }
+  prefills.forEach((p, i) => {
+    if (Number.isFinite(bestOfP[i])) figures.prefill.set(p.id, { predictedTtftMs: bestOfP[i]! });
+  });
   if (best === null) return null;
   const keep = incumbent as PredictedChoice | null;
   return { choice: keep !== null && !beatsIncumbent(score(best), score(keep)) ? keep : best, figures };
@@ -192,17 +204,19 @@ function predictedNode(n: CandidateNode): PredictedNode {
   };
 }
 
-/** A candidate as /v1/route shows it under prediction: its learned rates and the best option through it. */
+/**
+ * A candidate as /v1/route shows it under prediction: its learned rates and the best option through
+ * it. Written into the candidate the ranking just built for this request (a copy of each, 128 of
+ * them at 64 nodes, cost more than the rest of the decision).
+ */
 function withPrediction(c: ScoredCandidate, n: CandidateNode | undefined, f: NodeFigures | undefined): ScoredCandidate {
   const rates = n?.rates ?? DEFAULT_RATES;
-  const out: ScoredCandidate = {
-    ...c,
-    prefillMsPerToken: Math.round(rates.prefillMsPerToken * 1e4) / 1e4,
-    decodeStepMs: round1(rates.decodeStepMs),
-    decodeMsPerSeq: Math.round(rates.decodeMsPerSeq * 100) / 100,
-    transferMsPerGB: round1((rates.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
-    handoffMs: round1(rates.handoffMs),
-  };
+  const out = c;
+  out.prefillMsPerToken = Math.round(rates.prefillMsPerToken * 1e4) / 1e4;
+  out.decodeStepMs = round1(rates.decodeStepMs);
+  out.decodeMsPerSeq = Math.round(rates.decodeMsPerSeq * 100) / 100;
+  out.transferMsPerGB = round1((rates.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN);
+  out.handoffMs = round1(rates.handoffMs);
   if (f) {
     out.predictedTtftMs = round1(f.predictedTtftMs);
     if (f.localTtftMs !== undefined) out.localTtftMs = f.localTtftMs === null ? null : round1(f.localTtftMs);
