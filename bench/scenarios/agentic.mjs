@@ -427,7 +427,33 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     preemptions: sum(decodeSide, (e) => e.preemptions),
     decodeRequests: decodeSide.map((e) => e.requests.total),
     routerOverheadSimP50Ms: round(percentile(overhead, 50), 1),
+    predictionRatio: predictionRatio(metrics),
   };
+}
+
+/**
+ * How good the predicted TTFT was (`pd_router_ttft_prediction_ratio`, actual / predicted): the
+ * requests it was judged on, the share within 25 % (issue 23's goal: median |actual / predicted - 1|
+ * <= 0.25, that is a share of 0.5 or more) and the median ratio, read off the buckets (linear within
+ * one). Null when no request was predicted (every policy but `predicted`).
+ * @param {import('../lib/prometheus.mjs').Sample[]} metrics
+ */
+export function predictionRatio(metrics) {
+  const buckets = metrics
+    .filter((s) => s.name === 'pd_router_ttft_prediction_ratio_bucket')
+    .map((s) => ({ le: s.labels.le === '+Inf' ? Infinity : Number(s.labels.le), n: s.value }))
+    .sort((a, b) => a.le - b.le);
+  const count = buckets.at(-1)?.n ?? 0;
+  if (count === 0) return null;
+  const at = (/** @type {number} */ le) => buckets.find((b) => b.le === le)?.n ?? Number.NaN;
+  let median = Number.NaN;
+  for (const [i, b] of buckets.entries()) {
+    if (b.n < count / 2) continue;
+    const lo = i > 0 ? buckets[i - 1] : { le: 0, n: 0 };
+    median = Number.isFinite(b.le) ? lo.le + ((b.le - lo.le) * (count / 2 - lo.n)) / Math.max(1, b.n - lo.n) : lo.le;
+    break;
+  }
+  return { count, within25: round((at(1.25) - at(0.75)) / count, 3), median: round(median, 3) };
 }
 
 /** @param {any[]} recs decode legs' records */

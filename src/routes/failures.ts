@@ -30,7 +30,7 @@ export function selectionFailure(error: SelectionError | { kind: "stale_view" } 
     case "slo_unmeetable":
       return new RouterError(
         503,
-        `A flex request would wait about ${error.predictedMs} ms for a decode node, beyond admission.ttftSloMs.`,
+        `A flex request's predicted time to first token is about ${error.predictedMs} ms, beyond admission.ttftSloMs.`,
         "service_unavailable",
         "slo_unmeetable",
         null,

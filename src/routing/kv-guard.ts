@@ -4,10 +4,24 @@
 import type { CandidateNode, GuardSettings } from "./types";
 
 /** Busy: a fresh projection at or past a threshold. No fresh signals: never busy (fail open). */
-export function isBusy(n: Pick<CandidateNode, "signals">, guard: GuardSettings): boolean {
+export function isBusy(n: Pick<CandidateNode, "signals" | "prefillRequests">, guard: GuardSettings): boolean {
   const s = n.signals;
   if (!s) return false;
-  return (s.kvUsage !== null && s.kvUsage >= guard.kvBusy) || (s.queue !== null && s.queue >= guard.queueBusy);
+  const queue = guardedQueue(n, guard);
+  return (s.kvUsage !== null && s.kvUsage >= guard.kvBusy) || (queue !== null && queue >= guard.queueBusy);
+}
+
+/**
+ * The engine queue the guard judges. Under `predicted` (guard.pricesPrefills) the prefill legs the
+ * router has in flight on the node are left out: the prediction already charges every option for
+ * them (predict.ts queuedTokens), and on a `both` node they are its work as a P — counting them
+ * made a node busy as a D for the prefills it was given as a P, and with every node so judged the
+ * requests waited at the edge while the prediction would have placed them.
+ */
+export function guardedQueue(n: Pick<CandidateNode, "signals" | "prefillRequests">, guard: GuardSettings): number | null {
+  const queue = n.signals?.queue ?? null;
+  if (queue === null || guard.pricesPrefills !== true) return queue;
+  return Math.max(0, queue - Math.max(0, n.prefillRequests ?? 0));
 }
 
 /**
@@ -19,7 +33,7 @@ export function isBusy(n: Pick<CandidateNode, "signals">, guard: GuardSettings):
  * capacity; a request that alone is `kvBusy` of the capacity or more is judged by the node's
  * state alone (no node could ever take it otherwise).
  */
-export function isBusyFor(n: Pick<CandidateNode, "signals">, guard: GuardSettings, tokens: number): boolean {
+export function isBusyFor(n: Pick<CandidateNode, "signals" | "prefillRequests">, guard: GuardSettings, tokens: number): boolean {
   if (isBusy(n, guard)) return true;
   const s = n.signals;
   if (!s || s.kvUsage === null || !s.kvCapacityTokens || !(s.kvCapacityTokens > 0)) return false;

@@ -21,6 +21,11 @@ export interface NodeRates {
   decodeMsPerSeq: number;
   /** ms to move one token's KV to this node (as D) */
   transferMsPerToken: number;
+  /**
+   * ms of D's first byte after P's answer that does not grow with the tokens it lacks: its own
+   * request, the transfer's setup, its scheduling (0 in a profile; learned with the per-token rate)
+   */
+  handoffMs: number;
 }
 
 /**
@@ -54,6 +59,7 @@ export const profileRates = (p: RateProfile): NodeRates => ({
   decodeStepMs: p.decodeStepMs,
   decodeMsPerSeq: 0,
   transferMsPerToken: (KV_BYTES_PER_TOKEN / (p.transferGBPerS * 1e9)) * 1000,
+  handoffMs: 0,
 });
 
 /** One node as the prediction reads it. */
@@ -103,7 +109,7 @@ export function remoteTtftMs(p: PredictedNode, onP: RequestSize, d: PredictedNod
 /** D's next step with this request joining the sequences decoding there. */
 export const stepMsOf = (d: PredictedNode): number => d.rates.decodeStepMs + d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
 
-/** D's part of a pair, which does not depend on P: the transfer of what it lacks, its queue, its step. */
+/** D's part of a pair, which does not depend on P: the hand-off and transfer of what it lacks, its queue, its step. */
 export interface DecodeSide {
   transferMs: number;
   queueMs: number;
@@ -112,7 +118,7 @@ export interface DecodeSide {
 
 export function decodeSide(d: PredictedNode, onD: RequestSize): DecodeSide {
   return {
-    transferMs: Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
+    transferMs: d.rates.handoffMs + Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
     queueMs: queuedTokens(d, onD) * d.rates.prefillMsPerToken,
     stepMs: stepMsOf(d),
   };

@@ -1,9 +1,26 @@
 // `disaggregation: "predicted"` (SPEC 9): among every (P, D) pair the policies rank and every
 // local option on a decode-capable D, the one predicted to give the first token soonest, a local
-// option paying for the decode steps it lengthens. Pure; select.ts ranks the pools and applies
-// the choice. Cheap: P's prefill time and D's part are computed once a node, so a pair costs an
+// option paying for the decode steps it lengthens. Pure: `selectPredicted` ranks both pools and
+// applies the choice that `choosePredicted` makes. Cheap: P's prefill time and D's part are computed once a node, so a pair costs an
 // addition (64 x 64 nodes: 4,096 of them).
-import { beatsIncumbent, decodeSide, hasKvRoom, localPrediction, type PredictedNode, prefillDoneMs, type RequestSize, remoteAfterPrefillMs } from "./predict";
+
+import { decided, movedTo, withPdFallbacks } from "./decision";
+import {
+  DEFAULT_PROFILE,
+  KV_BYTES_PER_TOKEN,
+  type PredictedNode,
+  profileRates,
+  beatsIncumbent,
+  decodeSide,
+  hasKvRoom,
+  localPrediction,
+  prefillDoneMs,
+  type RequestSize,
+  remoteAfterPrefillMs,
+} from "./predict";
+import { fail, nodeById, type Pool, poolOf, type Ranked, rankRole } from "./rank-role";
+import type { CandidateNode, Decision, PdMode, PdReason, Result, Role, RoleDecision, ScoredCandidate, SelectionError, SelectionInput } from "./types";
+import { promptTokensOf, uncachedTokensOf } from "./work";
 
 /** One candidate of a role as the choice reads it, in the policy's order (the first is the policy's pick). */
 export interface PredictedCandidate {
@@ -56,33 +73,154 @@ const score = (c: PredictedChoice): number => c.ttftMs + (c.mode === "local" ? c
  */
 export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const firstD = q.decodes[0];
-  const prefillMs = q.prefills.map((p) => prefillDoneMs(p.node, p.size));
+  const prefills = q.prefills;
+  const prefillMs = prefills.map((p) => prefillDoneMs(p.node, p.size));
+  // each P's best pair (its figure); the pairs themselves are numbers, an object only for a D's best
+  // (64 x 64 nodes are 4,096 pairs a request: allocating each was most of the decision's time)
+  const bestOfP = prefills.map(() => Infinity);
   const figures = { prefill: new Map<string, NodeFigures>(), decode: new Map<string, NodeFigures>() };
   let best: PredictedChoice | null = null;
   let incumbent: PredictedChoice | null = null;
 
   for (const d of q.decodes) {
     const side = decodeSide(d.node, d.size);
-    let bestHere: PredictedChoice | null = null;
-    q.prefills.forEach((p, i) => {
-      if (p.id === d.id || (q.sameGroup && p.group !== d.group)) return;
-      const pair: PredictedChoice = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: remoteAfterPrefillMs(prefillMs[i]!, side) };
-      if (d === firstD && incumbent === null) incumbent = pair;
-      if (bestHere === null || pair.ttftMs < bestHere.ttftMs) bestHere = pair;
-      const pf = figures.prefill.get(p.id);
-      if (pf === undefined || pair.ttftMs < pf.predictedTtftMs) figures.prefill.set(p.id, { predictedTtftMs: pair.ttftMs });
-    });
+    let bestAt = -1;
+    let bestMs = Infinity;
+    for (let i = 0; i < prefills.length; i++) {
+      const p = prefills[i]!;
+      if (p.id === d.id || (q.sameGroup && p.group !== d.group)) continue;
+      const ms = remoteAfterPrefillMs(prefillMs[i]!, side);
+      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms };
+      if (ms < bestMs) {
+        bestMs = ms;
+        bestAt = i;
+      }
+      if (ms < bestOfP[i]!) bestOfP[i] = ms;
+    }
+    const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
     const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(local ? [{ mode: "local" as const, decode: d.id, ...local }] : [])];
     for (const o of options) if (best === null || score(o) < score(best)) best = o;
     const f: NodeFigures = {
-      predictedTtftMs: Math.min((bestHere as PredictedChoice | null)?.ttftMs ?? Infinity, local?.ttftMs ?? Infinity),
+      predictedTtftMs: Math.min(bestHere?.ttftMs ?? Infinity, local?.ttftMs ?? Infinity),
       localTtftMs: local ? local.ttftMs : null,
     };
     if (local) f.decodeHarmMs = local.harmMs;
     figures.decode.set(d.id, f);
   }
+  prefills.forEach((p, i) => {
+    if (Number.isFinite(bestOfP[i])) figures.prefill.set(p.id, { predictedTtftMs: bestOfP[i]! });
+  });
   if (best === null) return null;
   const keep = incumbent as PredictedChoice | null;
   return { choice: keep !== null && !beatsIncumbent(score(best), score(keep)) ? keep : best, figures };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Predicted disaggregation: every pair and every local option, by predicted TTFT
+
+const DEFAULT_RATES = profileRates(DEFAULT_PROFILE);
+const round1 = (x: number): number => Math.round(x * 10) / 10;
+
+/**
+ * `policy.disaggregation: "predicted"` (SPEC 9): both pools are ranked by their policies (bounds,
+ * the KV guard and stickiness as ever); every P and D they would take — under their bounds, not
+ * busy — is an option, paired with every other (inside one group under pdGroup strict; `prefer`
+ * is not applied), and every such D that may prefill alone is a local option too. The choice is
+ * select-predicted.ts's; the candidates carry each node's rates and predicted TTFT.
+ */
+export function selectPredicted(input: SelectionInput, cursors: Decision["cursors"], rankDecode: () => Result<Ranked, SelectionError>): Result<Decision, SelectionError> {
+  const decodePool = poolOf(input, "decode");
+  const decode = rankDecode();
+  if (!decode.ok) return decode;
+  const first = decode.value.decision;
+  const served = (prefill: RoleDecision, d: RoleDecision, mode: PdMode, reason: PdReason) => decided(input, prefill, d, cursors, mode, reason);
+  if (input.pinned === true) return served({ id: first.id, rule: "local_prefill", candidates: [], fallbacks: [], failOpen: false }, first, "local", "pinned");
+
+  const prefillPool = poolOf(input, "prefill");
+  const prefill = rankRole(prefillPool);
+  if (prefill.kind !== "ok") return fail({ kind: "no_nodes", role: "prefill" });
+  const chars = input.promptChars ?? 0;
+  const blockChars = input.policy.cacheAware.blockChars;
+  const sizeOn = (n: CandidateNode, role: Role) => ({
+    promptTokens: promptTokensOf(chars, n.charsPerToken),
+    uncachedTokens: uncachedTokensOf(chars, input.prefixMatches[role][n.id] ?? 0, blockChars, n.charsPerToken),
+  });
+  const optionsOf = (r: Ranked, pool: Pool): CandidateNode[] =>
+    [r.decision.id, ...r.preferred.filter((id) => id !== r.decision.id)].map((id) => nodeById(pool.nodes, id)).filter((n): n is CandidateNode => n !== undefined);
+  const answer = choosePredicted({
+    prefills: optionsOf(prefill, prefillPool).map((n) => ({ id: n.id, group: n.group, node: predictedNode(n), size: sizeOn(n, "prefill") })),
+    decodes: optionsOf(decode.value, decodePool).map((n) => ({
+      id: n.id,
+      group: n.group,
+      node: predictedNode(n),
+      size: sizeOn(n, "decode"),
+      localPrefill: n.localPrefill === true,
+      kvUsage: n.signals?.kvUsage ?? null,
+      kvCapacityTokens: n.signals?.kvCapacityTokens ?? null,
+    })),
+    sameGroup: input.policy.pdGroup === "strict",
+    kvBusy: input.guard?.kvBusy ?? 1,
+  });
+  if (answer === null) {
+    if (prefill.usedRoundRobin) cursors.prefill += 1;
+    return served(prefill.decision, first, "disaggregated", "predicted");
+  }
+  const { choice, figures } = answer;
+  const shown = (d: RoleDecision, pool: Pool, byId: Map<string, NodeFigures>): RoleDecision => ({
+    ...d,
+    candidates: d.candidates.map((c) => withPrediction(c, nodeById(pool.nodes, c.id), byId.get(c.id))),
+  });
+  const decodeDecision = shown(choice.decode === first.id ? first : movedTo(first, choice.decode), decodePool, figures.decode);
+  const prefillCandidates = shown(prefill.decision, prefillPool, figures.prefill).candidates;
+  let result: Result<Decision, SelectionError>;
+  if (choice.mode === "local") {
+    // should D fail, the request goes P then D (issue 25 item 5): the ranked Ps are its fallbacks
+    const pdPath = [prefill.decision.id, ...prefill.decision.fallbacks].filter((id) => id !== choice.decode);
+    result = served(
+      { id: choice.decode, rule: "local_prefill", candidates: prefillCandidates, fallbacks: pdPath, failOpen: false },
+      withPdFallbacks(decodeDecision, decodePool, pdPath.length > 0),
+      "local",
+      "predicted",
+    );
+  } else {
+    if (prefill.usedRoundRobin) cursors.prefill += 1;
+    const p = prefill.decision;
+    const prefillDecision = { ...(choice.prefill === p.id ? p : movedTo(p, choice.prefill)), candidates: prefillCandidates };
+    result = served(prefillDecision, decodeDecision, "disaggregated", "predicted");
+  }
+  if (result.ok) result.value.predictedTtftMs = round1(choice.ttftMs);
+  return result;
+}
+
+/** The node as the prediction reads it: its rates (the defaults' without learned ones), its queue, its decoding sequences. */
+function predictedNode(n: CandidateNode): PredictedNode {
+  return {
+    rates: n.rates ?? DEFAULT_RATES,
+    prefillTokens: n.prefillTokens ?? 0,
+    prefillRequests: n.prefillRequests ?? 0,
+    waiting: n.signals?.queue ?? null,
+    decoding: n.decoding ?? 0,
+  };
+}
+
+/**
+ * A candidate as /v1/route shows it under prediction: its learned rates and the best option through
+ * it. Written into the candidate the ranking just built for this request (a copy of each, 128 of
+ * them at 64 nodes, cost more than the rest of the decision).
+ */
+function withPrediction(c: ScoredCandidate, n: CandidateNode | undefined, f: NodeFigures | undefined): ScoredCandidate {
+  const rates = n?.rates ?? DEFAULT_RATES;
+  const out = c;
+  out.prefillMsPerToken = Math.round(rates.prefillMsPerToken * 1e4) / 1e4;
+  out.decodeStepMs = round1(rates.decodeStepMs);
+  out.decodeMsPerSeq = Math.round(rates.decodeMsPerSeq * 100) / 100;
+  out.transferMsPerGB = round1((rates.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN);
+  out.handoffMs = round1(rates.handoffMs);
+  if (f) {
+    out.predictedTtftMs = round1(f.predictedTtftMs);
+    if (f.localTtftMs !== undefined) out.localTtftMs = f.localTtftMs === null ? null : round1(f.localTtftMs);
+    if (f.decodeHarmMs !== undefined) out.decodeHarmMs = round1(f.decodeHarmMs);
+  }
+  return out;
 }

@@ -105,6 +105,12 @@ export interface NodeSignals {
 export interface GuardSettings {
   kvBusy: number;
   queueBusy: number;
+  /**
+   * `predicted`: the queue test leaves out the prefill legs the router has in flight on the node
+   * (their tokens are in the prediction's queue already; on a `both` node they are its P work,
+   * not decode requests waiting). Absent: the engine's whole queue counts.
+   */
+  pricesPrefills?: boolean;
 }
 
 export interface SelectionInput {
@@ -190,6 +196,8 @@ export interface ScoredCandidate {
   decodeStepMs?: number;
   decodeMsPerSeq?: number;
   transferMsPerGB?: number;
+  /** D's hand-off after P's answer that does not grow with the tokens (ms) */
+  handoffMs?: number;
   /** predicted TTFT (ms) of the best option through this node (P: with the best D; D: the best P, then this D) */
   predictedTtftMs?: number;
   /** D: predicted TTFT of prefilling alone, and the decode harm that adds (null: not an option here) */

@@ -5,10 +5,11 @@ import { selectRoute } from "../routing/select";
 import type { Decision, Role, SelectionInput } from "../routing/types";
 import { AlarmSchedule } from "./alarm-schedule";
 import { BoundedMap } from "./bounded-map";
+import type { AdmissionSettings } from "../config/cluster-view";
 import { ConnectionSlots } from "../config/connection-slots";
 import { admissionOf, periodsOf, pollTimeoutMsOf, retryAfterSOf, slicesOf } from "./cluster-settings";
 import { RoundRobinCursors } from "./cursors";
-import { EdgeAdmission } from "./edge-admission";
+import { EdgeAdmission, sloPredictionMs, waiterClassOf } from "./edge-admission";
 import { EngineSignals } from "./engine-signals";
 import { NodeHealthTable } from "./health-table";
 import { expiredLeaseLog, LeaseTable, leaseTimings, leaseTtlMsOf, routedLease, type NodeLease } from "./leases";
@@ -116,13 +117,20 @@ export class ClusterState extends DurableObject {
       return this.#admission.wouldWait(picked, picked.ok ? picked.decision.decode.candidates : []);
     }
     if (!behind) {
-      const routed = this.#decide(req, cluster, now, req.oneHop !== true);
+      const routed = this.#decide(req, cluster, now, req.oneHop !== true, admission);
       if (routed.ok || routed.error.kind !== "decode_busy") return routed;
       // a dry run: what it would get once a node frees (the picks without the guard)
       if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
     }
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
-    const admitted = this.#admission.wait(req, req.leaseId ?? this.#leases.newId(now), now, admission, this.#retryAfterS(cluster, now));
+    const admitted = this.#admission.wait(
+      req,
+      req.leaseId ?? this.#leases.newId(now),
+      now,
+      admission,
+      this.#retryAfterS(cluster, now),
+      this.#predictedOnceFree(req, cluster, now, admission),
+    );
     this.#armWake();
     return admitted;
   }
@@ -271,21 +279,34 @@ export class ClusterState extends DurableObject {
   #polled(node: string, reading: EngineReading | null, at: number): void {
     const health = this.health.get(node);
     if (!health) return;
-    if (reading) this.signals.record(node, reading, at);
+    if (reading) this.signals.record(node, reading, at, this.#leases.loadOf(node)?.prefill ?? 0);
     if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
     if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
   }
 
-  /** Selection with what the modules hold, and, unless a dry run, the lease taken. */
-  #decide(req: RouteRequest, cluster: ClusterView, now: number, guarded: boolean): RouteResponse {
+  /**
+   * Selection with what the modules hold, and, unless a dry run, the lease taken. Given the
+   * admission settings (a newcomer, not a waiter offered capacity), a `flex` request whose
+   * decision predicts a TTFT over admission.ttftSloMs is refused at once instead (SPEC 9).
+   */
+  #decide(req: RouteRequest, cluster: ClusterView, now: number, guarded: boolean, slo?: AdmissionSettings): RouteResponse {
     const input = routeInput(req, cluster, now, guarded, this.#sources);
     const result = selectRoute(input);
     if (!result.ok) return { ok: false, error: result.error };
     const decision = result.value;
     if (req.dryRun) return { ok: true, leaseId: null, decision };
+    const refused = slo ? this.#admission.overSlo(req, slo, sloPredictionMs(decision.predictedTtftMs, null)) : null;
+    if (refused) return refused;
     // released before this call arrived (its client left mid-call): decided, never taken
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: true, leaseId: null, decision: slimDecision(decision) };
     return { ok: true, leaseId: this.#take(req, cluster, input, decision, now), decision: slimDecision(decision) };
+  }
+
+  /** A flex request under a TTFT objective that must wait: the selection's predicted TTFT of the option it would get once a node frees (without the guard); null otherwise. */
+  #predictedOnceFree(req: RouteRequest, cluster: ClusterView, now: number, s: AdmissionSettings): number | null {
+    if (s.ttftSloMs == null || waiterClassOf(req, s).tier !== "flex") return null;
+    const picked = selectRoute(routeInput(req, cluster, now, false, this.#sources));
+    return picked.ok ? (picked.value.predictedTtftMs ?? null) : null;
   }
 
   /** A decision applied: cursors, counters, stickiness, prefix memory, and the lease with the load it adds. */

@@ -23,18 +23,28 @@ export { ADMISSION_REFUSALS };
 type Refusal = (typeof ADMISSION_REFUSALS)[number];
 
 /**
- * The TTFT a request that must wait can expect, as far as the edge knows: its place in the queue
- * (the waiters it competes with ahead of it, plus itself) over the pool's recent rate of freed
- * decode leases, measured over at least a second. It counts the queue's wait only (not the
- * prefill or the first step), so it errs low: it sheds only what cannot make it. null when no
- * lease ended in the last minute: nothing to go by, nothing shed. The TTFT predictor (issue 23
- * item 2) replaces this function.
+ * The wait at the edge a request that must wait can expect: its place in the queue (the waiters
+ * it competes with ahead of it, plus itself) over the pool's recent rate of freed decode leases,
+ * measured over at least a second. null when no lease ended in the last minute: nothing to go by.
+ * The SLO check adds it to the selection's own predicted TTFT of the option the request would
+ * get (`sloPredictionMs`).
  */
 export function predictQueuedTtftMs(ahead: number, releases: readonly number[], now: number): number | null {
   const recent = releases.filter((t) => t > now - RELEASE_WINDOW_MS);
   if (recent.length === 0) return null;
   const perMs = recent.length / Math.max(1_000, now - recent[0]!);
   return (ahead + 1) / perMs;
+}
+
+/**
+ * The TTFT admission.ttftSloMs is judged on (SPEC 9): the selection's predicted TTFT of the option
+ * the request gets (`routeMs`: the decision's `predictedTtftMs` under predicted disaggregation,
+ * null under other policies) plus, when it must wait, the wait at the edge (`queueMs`). Null when
+ * neither is known: nothing to judge by, nothing shed.
+ */
+export function sloPredictionMs(routeMs: number | null | undefined, queueMs: number | null): number | null {
+  if (routeMs == null && queueMs === null) return null;
+  return (routeMs ?? 0) + (queueMs ?? 0);
 }
 
 /** A route call waiting in the queue, and how to answer it. */
@@ -94,22 +104,36 @@ export class EdgeAdmission {
    * A route call found every decode node busy (or must wait behind those that did): it waits for
    * one under `ticket` (its lease id), or is refused at once — 503 cluster_busy when the queue is
    * full or `queueMs` is 0, 429 fair_share_exceeded when its key holds more than its share of a
-   * full queue, 503 slo_unmeetable for a `flex` request whose predicted TTFT exceeds `ttftSloMs`.
-   * A request of a higher tier (or a key under its share) pushes out the last waiter of a full queue.
+   * full queue, 503 slo_unmeetable for a `flex` request whose predicted TTFT — the wait here plus
+   * `routeMs`, the selection's prediction of the option it would get once a node frees — exceeds
+   * `ttftSloMs`. A request of a higher tier (or a key under its share) pushes out the last waiter
+   * of a full queue.
    */
-  wait(req: RouteRequest, ticket: string, now: number, s: AdmissionSettings, retryAfterS: number): Promise<RouteResponse> {
+  wait(req: RouteRequest, ticket: string, now: number, s: AdmissionSettings, retryAfterS: number, routeMs: number | null = null): Promise<RouteResponse> {
     return new Promise<RouteResponse>((answer) => {
       const cls = waiterClassOf(req, s);
       if (s.queueMs <= 0) return this.#refuse(answer, "queue_full", cls.tier, retryAfterS);
       if (cls.tier === "flex" && s.ttftSloMs != null) {
         const ahead = this.#queue.ahead(this.#queue.probe(cls, now, s), (w) => competes(w.item.req, req));
-        const predicted = predictQueuedTtftMs(ahead, this.#releases, now);
-        if (predicted !== null && predicted > s.ttftSloMs) return this.#refuse(answer, "slo_unmeetable", cls.tier, Math.max(1, Math.ceil(predicted / 1000)), predicted);
+        const refused = this.overSlo(req, s, sloPredictionMs(routeMs, predictQueuedTtftMs(ahead, this.#releases, now)));
+        if (refused) return answer(refused);
       }
       const joined = this.#queue.enqueue(ticket, { req: { ...req, leaseId: ticket }, answer }, cls, now, s);
       if (!joined.ok) return this.#refuse(answer, joined.reason, cls.tier, retryAfterS);
       if (joined.evicted) this.#refuse(joined.evicted.waiter.item.answer, joined.evicted.reason, joined.evicted.waiter.tier, retryAfterS);
     });
+  }
+
+  /**
+   * A `flex` request whose predicted TTFT (sloPredictionMs) exceeds admission.ttftSloMs: its
+   * refusal, 503 slo_unmeetable at once, counted; null for any other.
+   */
+  overSlo(req: RouteRequest, s: AdmissionSettings, predictedMs: number | null): RouteResponse | null {
+    const tier = waiterClassOf(req, s).tier;
+    if (tier !== "flex" || s.ttftSloMs == null || predictedMs === null || !(predictedMs > s.ttftSloMs)) return null;
+    let refused: RouteResponse | null = null;
+    this.#refuse((r) => (refused = r), "slo_unmeetable", tier, Math.max(1, Math.ceil(predictedMs / 1000)), predictedMs);
+    return refused;
   }
 
   /** The request's client left: out of the queue (answered client_gone, never given a lease) and no longer a reservation. */

@@ -23,6 +23,8 @@ interface NodeReadings {
   /** decode leases on the node released since the poll (requests taken before or after it) */
   freed: number;
   freedTokens: number;
+  /** prefill legs the router had in flight on the node when the poll answered */
+  prefillsAtPoll: number;
 }
 
 /**
@@ -36,9 +38,9 @@ interface NodeReadings {
 export class EngineSignals {
   readonly #byNode = new Map<string, NodeReadings>();
 
-  /** A poll answered with these figures. */
-  record(node: string, reading: EngineReading, now: number): void {
-    this.#byNode.set(node, { reading, at: now, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0 });
+  /** A poll answered with these figures, while the router had `prefillsInFlight` prefill legs on the node. */
+  record(node: string, reading: EngineReading, now: number, prefillsInFlight = 0): void {
+    this.#byNode.set(node, { reading, at: now, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0, prefillsAtPoll: Math.max(0, prefillsInFlight) });
   }
 
   /** A decode request (of about `tokens` prompt tokens) went to the node. */
@@ -63,11 +65,20 @@ export class EngineSignals {
     this.dispatched(to, tokens);
   }
 
-  /** The node's projected signals (what routing uses), or null when there is no poll younger than `staleMs`. */
-  view(node: string, now: number, staleMs: number): SignalView | null {
+  /**
+   * The node's projected signals (what routing uses), or null when there is no poll younger than
+   * `staleMs`. `prefillsNow`: the prefill legs the router has in flight on the node now (absent:
+   * as at the poll).
+   */
+  view(node: string, now: number, staleMs: number, prefillsNow?: number): SignalView | null {
     const s = this.#byNode.get(node);
     if (!s || now - s.at > staleMs) return null;
-    return { ...projectSignals(s), ageMs: Math.max(0, now - s.at), kvCapacityTokens: s.reading.kvCapacityTokens, reported: s.reading };
+    return {
+      ...projectSignals(s, (prefillsNow ?? s.prefillsAtPoll) - s.prefillsAtPoll),
+      ageMs: Math.max(0, now - s.at),
+      kvCapacityTokens: s.reading.kvCapacityTokens,
+      reported: s.reading,
+    };
   }
 
   /**
@@ -101,13 +112,19 @@ export class EngineSignals {
  * KV: reported + (tokens sent - tokens freed) / capacity of all its engines, within 0..1 (without a capacity the
  * reading alone). Queue: an engine that had a queue at the poll admits a request only as another
  * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
- * queue at the poll was admitting what it got, so it is taken to have none still.
+ * queue at the poll was admitting what it got, so it is taken to have none still. The prefill legs
+ * the router sent the node move its queue the same way (`prefillDelta`: those in flight now less
+ * those at the poll): on a `both` node most of the queue can be the prefills it was given as a P,
+ * and without them a queue the poll caught stayed whole until the next poll after they had ended.
  */
-export function projectSignals(s: Pick<NodeReadings, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">): { kvUsage: number | null; queue: number | null } {
+export function projectSignals(
+  s: Pick<NodeReadings, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">,
+  prefillDelta = 0,
+): { kvUsage: number | null; queue: number | null } {
   const { kvUsage, waiting, kvCapacityTokens, kvRanks = 1 } = s.reading;
   let kv = kvUsage;
   // kvUsage is the mean over the node's engines: what is sent spreads over all their capacity
   if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / (kvCapacityTokens * kvRanks);
-  const queue = waiting === null ? null : waiting > 0 ? Math.max(0, waiting + s.sent - s.freed) : 0;
+  const queue = waiting === null ? null : waiting > 0 ? Math.max(0, waiting + s.sent - s.freed + prefillDelta) : 0;
   return { kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)), queue };
 }

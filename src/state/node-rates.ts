@@ -10,17 +10,21 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 // - decode: ms a step against the batch (a line: the step of one sequence, plus ms a sequence),
 //   from the gaps between the events of a stream the relay passed and the sequences decoding on
 //   its node when it ended (a decayed least-squares fit, the prior two points on a flat line);
-// - transfer: ms per token D lacked, from D's first byte less P's answer and D's first step.
+// - transfer: D's first byte less P's answer and D's first step, as a line against the tokens D
+//   lacked (a decayed least-squares fit over requests): ms a token, and a fixed hand-off. In the
+//   agentic run most of that time did not grow with the tokens (2026-12-02, docs/predicted.md:
+//   D's first byte was a median 300-700 ms whatever the size), and a per-token rate alone made
+//   long prompts' predictions several times too long and short ones' too short.
 // Each is a ratio of time-decayed sums with the document's `profile` as a prior worth a few
 // requests: a node made twice as slow, or restarted, is learned within a minute of traffic, and an
 // idle node drifts back to its profile. Plain data, the clock passed in.
 
 /** a sample's weight halves every this many ms: a rate 2x off is mostly forgotten after ~4 half-lives */
 export const RATE_HALF_LIFE_MS = 10_000;
-/** the prior's weight, in the unit of each rate's samples: about two 1,000-token prefills, 20 decode steps, one 2,000-token transfer */
-const PRIOR_WEIGHT = { prefill: 2_000, decode: 20, transfer: 2_000 } as const;
+/** the prior's weight, in the unit of each rate's samples: about two 1,000-token prefills, 20 decode steps (the transfer's: two requests, transferLine) */
+const PRIOR_WEIGHT = { prefill: 2_000, decode: 20 } as const;
 
-type Kind = "prefill" | "transfer";
+type Kind = "prefill";
 
 interface Decayed {
   /** weighted sum of the samples (ms) and their weight (tokens or steps), decayed to `at` */
@@ -84,6 +88,28 @@ interface StepFit {
 
 /** The prior's two points: a flat line at the profile's step, from one sequence to this many */
 const PRIOR_BATCH = 33;
+/** The transfer prior's two points, a request's weight each: no hand-off, and the profile's rate at this many tokens */
+const PRIOR_TRANSFER_TOKENS = 10_000;
+
+/** D's hand-off (ms) and ms a token, fitted with the prior's points added (the hand-off never below 0, the rate never below 1 % of the prior's). */
+function transferLine(fit: StepFit | undefined, priorMsPerToken: number): { handoffMs: number; msPerToken: number } {
+  if (!fit || !(fit.w > 0)) return { handoffMs: 0, msPerToken: priorMsPerToken };
+  const floor = priorMsPerToken / 100;
+  const w = (fit?.w ?? 0) + 2;
+  const wx = (fit?.wx ?? 0) + PRIOR_TRANSFER_TOKENS;
+  const wy = (fit?.wy ?? 0) + priorMsPerToken * PRIOR_TRANSFER_TOKENS;
+  const wxx = (fit?.wxx ?? 0) + PRIOR_TRANSFER_TOKENS * PRIOR_TRANSFER_TOKENS;
+  const wxy = (fit?.wxy ?? 0) + priorMsPerToken * PRIOR_TRANSFER_TOKENS * PRIOR_TRANSFER_TOKENS;
+  const den = w * wxx - wx * wx;
+  let msPerToken = den > 0 ? Math.max(floor, (w * wxy - wx * wy) / den) : priorMsPerToken;
+  let handoffMs = (wy - msPerToken * wx) / w;
+  if (handoffMs < 0) {
+    // a line through 0: all of it per token
+    handoffMs = 0;
+    msPerToken = wxx > 0 ? Math.max(floor, wxy / wxx) : priorMsPerToken;
+  }
+  return { handoffMs, msPerToken };
+}
 
 /** The fitted step at one sequence and its growth a sequence, with the prior's points added (never below 0). */
 function stepLine(fit: StepFit | undefined, priorMs: number): { at1: number; perSeq: number } {
@@ -102,6 +128,7 @@ function stepLine(fit: StepFit | undefined, priorMs: number): { at1: number; per
 export class NodeRateTable {
   readonly #byNode = new Map<string, Record<Kind, Decayed>>();
   readonly #steps = new Map<string, StepFit>();
+  readonly #transfers = new Map<string, StepFit>();
 
   /** Learns from one finished request (only the parts it measured). */
   learn(s: LegSample, now: number, profileOf: (node: string) => RateProfile): void {
@@ -118,7 +145,7 @@ export class NodeRateTable {
       if (s.prefillMs !== undefined && s.prefillMs > 0 && uncached > 0) this.#add(s.prefiller, "prefill", s.prefillMs, work, now);
       if (s.ttftMs !== undefined && s.transferTokens > 0) {
         const transferMs = s.ttftMs - (s.prefillMs ?? 0) - step;
-        if (transferMs > 0) this.#add(s.decode, "transfer", transferMs, s.transferTokens, now);
+        if (transferMs > 0) this.#addPoint(this.#transfers, s.decode, s.transferTokens, transferMs, 1, now);
       }
     } else if (s.ttftMs !== undefined && uncached > 0) {
       // D prefilled alone: its first byte is its prefill and one step
@@ -140,44 +167,55 @@ export class NodeRateTable {
     const fit = this.#steps.get(node);
     if (fit) decayFit(fit, now);
     const step = stepLine(fit, prior.decodeStepMs);
+    const tfit = this.#transfers.get(node);
+    if (tfit) decayFit(tfit, now);
+    const transfer = transferLine(tfit, prior.transferMsPerToken);
     return {
       prefillMsPerToken: rate("prefill", prior.prefillMsPerToken),
       decodeStepMs: step.at1,
       decodeMsPerSeq: step.perSeq,
-      transferMsPerToken: rate("transfer", prior.transferMsPerToken),
+      transferMsPerToken: transfer.msPerToken,
+      handoffMs: transfer.handoffMs,
     };
   }
 
   forget(node: string): void {
     this.#byNode.delete(node);
     this.#steps.delete(node);
+    this.#transfers.delete(node);
   }
 
   clear(): void {
     this.#byNode.clear();
     this.#steps.clear();
+    this.#transfers.clear();
   }
 
   #addStep(node: string, stepMs: number, steps: number, batch: number, now: number): void {
     if (!(stepMs > 0) || !Number.isFinite(stepMs) || !(steps > 0)) return;
-    let fit = this.#steps.get(node);
+    this.#addPoint(this.#steps, node, batch, stepMs, steps, now);
+  }
+
+  /** One point (x, y) of weight `w` into a node's decayed least-squares sums. */
+  #addPoint(fits: Map<string, StepFit>, node: string, x: number, y: number, w: number, now: number): void {
+    let fit = fits.get(node);
     if (!fit) {
       fit = { w: 0, wx: 0, wy: 0, wxx: 0, wxy: 0, at: now };
-      this.#steps.set(node, fit);
+      fits.set(node, fit);
     }
     decayFit(fit, now);
-    fit.w += steps;
-    fit.wx += steps * batch;
-    fit.wy += steps * stepMs;
-    fit.wxx += steps * batch * batch;
-    fit.wxy += steps * batch * stepMs;
+    fit.w += w;
+    fit.wx += w * x;
+    fit.wy += w * y;
+    fit.wxx += w * x * x;
+    fit.wxy += w * x * y;
   }
 
   #add(node: string, kind: Kind, ms: number, weight: number, now: number): void {
     if (!(ms > 0) || !(weight > 0) || !Number.isFinite(ms / weight)) return;
     let rates = this.#byNode.get(node);
     if (!rates) {
-      rates = { prefill: { ms: 0, weight: 0, at: now }, transfer: { ms: 0, weight: 0, at: now } };
+      rates = { prefill: { ms: 0, weight: 0, at: now } };
       this.#byNode.set(node, rates);
     }
     const d = rates[kind];

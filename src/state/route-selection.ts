@@ -1,4 +1,4 @@
-import type { CandidateNode, Decision, Role, SelectionInput, SelectionPolicy } from "../routing/types";
+import type { CandidateNode, Decision, GuardSettings, Role, SelectionInput, SelectionPolicy } from "../routing/types";
 import type { BoundedMap } from "./bounded-map";
 import { signalsOf } from "./cluster-settings";
 import type { RoundRobinCursors } from "./cursors";
@@ -59,15 +59,16 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
   const colocated = isColocated(cluster, req);
   const prefill: CandidateNode[] = [];
   const decode: CandidateNode[] = [];
+  const predicted = !colocated && cluster.policy.disaggregation === "predicted";
   for (const n of cluster.nodes) {
     // no model (SGLang's /generate, a tokenizer call without one): any node
     if (n.models && req.model && !n.models.includes(req.model)) continue;
-    if (!colocated && n.role !== "decode") prefill.push(candidateOf(n, "prefill", now, s.staleMs, m));
-    if (n.role !== "prefill") decode.push(candidateOf(n, "decode", now, s.staleMs, m));
+    if (!colocated && n.role !== "decode") prefill.push(candidateOf(n, "prefill", now, s.staleMs, m, predicted));
+    if (n.role !== "prefill") decode.push(candidateOf(n, "decode", now, s.staleMs, m, predicted));
   }
   const indexed = usesPrefixIndex(cluster, req, colocated);
   // the learned rates only where they decide (they cost a few multiplications a node)
-  if (!colocated && cluster.policy.disaggregation === "predicted") {
+  if (predicted) {
     const profiles = profilesOf(cluster);
     for (const n of prefill) n.rates = m.rates.view(n.id, profiles.get(n.id) ?? profileOf(cluster.profile, undefined), now);
     for (const n of decode) n.rates = m.rates.view(n.id, profiles.get(n.id) ?? profileOf(cluster.profile, undefined), now);
@@ -86,10 +87,14 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
     sticky: req.key ? (m.sticky.get(req.key) ?? null) : null,
     pinned: req.pinned === true,
     cursors: { ...m.cursors },
-    guard: guarded ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy } : null,
+    guard: guarded ? guardOf(s, predicted) : null,
     promptChars: req.promptChars ?? 0,
   };
 }
+
+/** The decode KV guard's settings; `predicted` prices the prefill legs on a node, so its queue test leaves them out (routing/kv-guard.ts). */
+const guardOf = (s: { kvBusy: number; queueBusy: number }, predicted: boolean): GuardSettings =>
+  predicted ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy, pricesPrefills: true } : { kvBusy: s.kvBusy, queueBusy: s.queueBusy };
 
 /** Per view: each node's prior rates (its profile over the pool's), computed once. */
 const profilesByView = new WeakMap<ClusterView, Map<string, RateProfile>>();
@@ -103,13 +108,17 @@ function profilesOf(cluster: ClusterView): Map<string, RateProfile> {
   return profiles;
 }
 
-/** One node as selection sees it in one role: its health, lease load, signals, rate and recent share. */
-export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: number, m: RouteSources): CandidateNode {
+/**
+ * One node as selection sees it in one role: its health, lease load, signals, rate and recent
+ * share. `predicted`: its engine queue is projected by the prefill legs sent and ended since the
+ * poll too (those it is given as a P are priced, and left out of the guard's queue test).
+ */
+export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: number, m: RouteSources, predicted = false): CandidateNode {
   const h = m.health.view(n.id);
   const load = m.leases.loadOf(n.id);
   return {
     // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
-    signals: m.signals.view(n.id, now, staleMs),
+    signals: m.signals.view(n.id, now, staleMs, predicted ? (load?.prefill ?? 0) : undefined),
     id: n.id,
     weight: n.weight,
     group: n.group ?? `node:${n.id}`,

@@ -39,6 +39,8 @@ async function resetState() {
     instance.prefixes.index.decode.clear();
     instance.prefixes.rates.clear();
     instance.prefixes.feedback.clear();
+    instance.rates.clear();
+    instance.precision.clear();
     instance.cluster = null;
   });
 }

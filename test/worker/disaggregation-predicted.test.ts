@@ -1,6 +1,5 @@
-import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { completionsTo, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, stub, waitFor } from "./signals-helpers";
+import { completionsTo, engineFault, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
 import { conversations } from "../support/conversation";
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
@@ -15,18 +14,9 @@ const predicted = (decode = "affinity") => ({ policy: { prefill: "affinity", dec
 
 const byId = (list: any[]) => Object.fromEntries(list.map((c) => [c.id, c]));
 
-/** Each test starts from the profile's rates: what an earlier test taught the object is forgotten. */
-async function forgetRates(): Promise<void> {
-  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
-  await run(stub() as unknown, (instance) => {
-    instance.rates.clear();
-    instance.precision.clear();
-  });
-}
-
 beforeEach(async () => {
+  // each test starts from the profile's rates: resetState forgets what an earlier one taught the object
   await resetState();
-  await forgetRates();
   await resetEngines();
   for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1, { capacityTokens: 100_000 }));
 });
@@ -60,6 +50,74 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     expect(d[warm].predictedTtftMs).toBeGreaterThan(d[cold].predictedTtftMs);
     expect(route.predictedTtftMs).toBeCloseTo(d[cold].predictedTtftMs, 0);
     expect((await sendChat(turn(2))).d).toBe(cold);
+  });
+});
+
+describe("predicted: a both node's own prefills do not make it a busy D", () => {
+  it("the prefill legs a both node runs as a P are priced by the prediction, not counted as a decode queue: the request is routed, not held at the edge", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "c0", role: "both" as const, localPrefill: false },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+    ];
+    // p0's engine has a long queue of its own: cold prompts take c0 as their P and d0 as their D
+    await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
+    await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity", disaggregation: "predicted" }, signals: { ...signals, queueBusy: 2 } });
+    await poll();
+    await engineFault("c0", { mode: "slow", delayMs: 4000, count: 2 });
+    const held = [sendChat(conversation("own-a")(1)), sendChat(conversation("own-b")(1))];
+    await waitFor(
+      "c0's two prefill legs",
+      async () => (await completionsTo("c0")).length,
+      (n) => n >= 2,
+    );
+
+    // both engines report queueBusy waiting: c0's are the two prefills the router sent it as a P, d0's are not the router's
+    await setMetrics("c0", kv(0.1, { waiting: 2, capacityTokens: 100_000 }));
+    await setMetrics("d0", kv(0.1, { waiting: 2, capacityTokens: 100_000 }));
+    await poll();
+    const route = await explain(conversation("own-c")(1));
+    expect(route.admission).toEqual({ wait: false });
+    expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", prefill: { id: "p0" }, decode: { id: "c0" } });
+    const d = byId(route.candidates.decode);
+    expect(d.d0.busy).toBe(true);
+    expect(d.c0.busy).toBe(false);
+    for (const r of held) expect(await r).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
+  });
+});
+
+describe("predicted: admission.ttftSloMs judges the decision's own prediction", () => {
+  it("a flex request whose predicted TTFT is over the objective gets 503 slo_unmeetable at once, though a D would take it now; a default one is served; flex is served once the prediction fits", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+    ];
+    // 40 requests waiting at p0: ~40 prompts of prefill ahead of this one, seconds at the profile's rate
+    await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
+    await putNodes(nodes, { ...predicted(), admission: { ttftSloMs: 5000 } });
+    await poll();
+    const ask = (name: string, tier?: string) => ({ ...conversation(name)(1), ...(tier ? { service_tier: tier } : {}) });
+    const route = await explain(ask("slo-a", "flex"));
+    expect(route.predictedTtftMs).toBeGreaterThan(5000);
+    expect(route.admission).toEqual({ wait: false });
+
+    const before = (await completionsTo("d0")).length;
+    const flex = await post("/v1/chat/completions", ask("slo-b", "flex"));
+    expect(flex.status).toBe(503);
+    expect(flex.headers.get("retry-after")).toMatch(/^[1-9]\d*$/);
+    const body = (await flex.json()) as { error: { code: string; message: string } };
+    expect(body.error.code).toBe("slo_unmeetable");
+    expect(body.error.message).toMatch(/predicted time to first token is about \d+ ms/);
+    expect((await completionsTo("d0")).length).toBe(before);
+    expect(await sendChat(ask("slo-c"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
+    const refused = (await snapshot()).admission.rejected.find((r) => r.reason === "slo_unmeetable" && r.tier === "flex");
+    expect(refused?.count).toBe(1);
+
+    // p0's queue gone: the prediction fits, and flex is served
+    await setMetrics("p0", kv(0.1, { capacityTokens: 100_000 }));
+    await poll();
+    expect((await explain(ask("slo-d", "flex"))).predictedTtftMs).toBeLessThan(5000);
+    expect(await sendChat(ask("slo-d", "flex"))).toMatchObject({ mode: "disaggregated", p: "p0", d: "d0" });
   });
 });
 

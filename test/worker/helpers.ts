@@ -128,7 +128,6 @@ export async function expectNoLoad(timeoutMs = 5000) {
   throw new Error(`load leaked: ${JSON.stringify({ leases: last?.leases, nodes: last?.nodes.map((n) => [n.id, n.inflight]) })}`);
 }
 
-/** Forgets health, breaker, stickiness, prefix and recent-share state in the Durable Object, so tests do not leak into each other. */
 /**
  * Ends a node's ejection now, as if its breaker's time had run out: a test ejects for a minute
  * (so "open" holds however slow the machine is) and then moves on to half-open without waiting.
@@ -143,6 +142,7 @@ export async function endEjection(node: string, pool = "cluster") {
   });
 }
 
+/** Forgets health, breaker, stickiness, prefix, recent-share, learned-rate and routing-precision state in the Durable Object, so tests do not leak into each other. */
 export async function resetClusterState() {
   // typed loosely: the stub's RPC types are too deep for runInDurableObject's generics
   const stub = env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster")) as unknown;
@@ -154,6 +154,8 @@ export async function resetClusterState() {
     instance.prefixes.index.decode.clear();
     instance.recent.clear();
     instance.signals.clear();
+    instance.rates.clear();
+    instance.precision.clear();
     instance.cluster = null;
   });
 }

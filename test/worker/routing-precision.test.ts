@@ -1,7 +1,7 @@
 // Routing precision, the request history and the prediction's receipt through the Worker (SPEC 9,
 // issue 23 items 2 and 6): a follow-up turn counts as precise when the engine that prefilled it
 // reported cached tokens covering the previous turn's prompt, whatever the policy.
-import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
+import { env, runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { fault, post, putCluster, resetClusterState, resetSim } from "./helpers";
 import { conversations } from "../support/conversation";
@@ -36,13 +36,8 @@ async function precisionOf(followUps: number) {
 
 beforeEach(async () => {
   await resetSim();
+  // also what earlier tests taught the object: conversations seen, follow-ups counted, rates
   await resetClusterState();
-  // what earlier tests taught the object: conversations seen, follow-ups counted, rates
-  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
-  await run(stub() as unknown, (instance) => {
-    instance.precision.clear();
-    instance.rates.clear();
-  });
 });
 
 describe("routing precision", () => {

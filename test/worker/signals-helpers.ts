@@ -78,7 +78,7 @@ export async function putNodes(ids: Array<{ id: string; role: "prefill" | "decod
 
 export const stub = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
 
-/** Forgets what a previous test left in the object (health, stickiness, prefix index, signals, the view). */
+/** Forgets what a previous test left in the object (health, stickiness, prefix index, signals, learned rates, routing precision, the view). */
 export async function resetState(): Promise<void> {
   const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
   await run(stub() as unknown, (instance) => {
@@ -87,6 +87,8 @@ export async function resetState(): Promise<void> {
     instance.prefixes.index.prefill.clear();
     instance.prefixes.index.decode.clear();
     instance.signals.clear();
+    instance.rates.clear();
+    instance.precision.clear();
     instance.cluster = null;
   });
 }

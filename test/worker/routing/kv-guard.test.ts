@@ -54,6 +54,15 @@ describe("busy", () => {
     expect(isBusy(node("d"), GUARD)).toBe(false);
   });
 
+  it("under predicted (pricesPrefills) the queue test leaves out the prefill legs the router runs on the node; otherwise they count", () => {
+    const both = { signals: signals(0.1, 8), prefillRequests: 6 };
+    expect(isBusy(both, GUARD)).toBe(true);
+    expect(isBusy(both, { ...GUARD, pricesPrefills: true })).toBe(false);
+    expect(isBusy({ ...both, prefillRequests: 0 }, { ...GUARD, pricesPrefills: true })).toBe(true);
+    // never below an empty queue, and KV is judged whatever the prefills
+    expect(isBusy({ signals: signals(0.95, 2), prefillRequests: 6 }, { ...GUARD, pricesPrefills: true })).toBe(true);
+  });
+
   it("the barrier is k/(1-k): 0 empty, 1 half full, 9 at 0.9, unbounded at full", () => {
     expect(kvBarrier(node("d"))).toBe(0);
     expect(kvBarrier(node("d", { signals: signals(0.5) }))).toBeCloseTo(1);

@@ -63,11 +63,27 @@ describe("learned rates: the prior first, then what the legs show", () => {
     const d = t.view("d0", profile(), 20_000);
     expect(d.decodeStepMs).toBeCloseTo(10, 0);
     // 50 ms more than P and a prior step (30, learning towards 10): 2,000 tokens in ~50-70 ms
-    expect(d.transferMsPerToken).toBeGreaterThan(0.02);
-    expect(d.transferMsPerToken).toBeLessThan(0.04);
+    const transfer2000 = d.handoffMs + 2000 * d.transferMsPerToken;
+    expect(transfer2000).toBeGreaterThan(40);
+    expect(transfer2000).toBeLessThan(80);
     const local = new NodeRateTable();
     for (let i = 0; i < 40; i++) local.learn({ ...leg(0), prefiller: "d0", disaggregated: false, prefillMs: undefined, ttftMs: 430, transferTokens: 0 }, i * 500, profile);
     expect(local.view("d0", profile(), 20_000).prefillMsPerToken).toBeCloseTo(400 / 2000 / prefillContextFactor(1000), 2);
+  });
+
+  it("transfer as a line against the tokens D lacked: a fixed hand-off and ms a token, each learned", () => {
+    const t = new NodeRateTable();
+    // D's first byte: 200 ms whatever the size, plus 0.01 ms a token (P answered at 100, D steps at the prior's 30)
+    for (let i = 0; i < 60; i++) {
+      const tokens = i % 2 === 0 ? 1000 : 40_000;
+      t.learn(leg(100, tokens, { ttftMs: 100 + 200 + 0.01 * tokens + 30 }), i * 200, profile);
+    }
+    const d = t.view("d0", profile(), 12_000);
+    expect(d.handoffMs).toBeGreaterThan(150);
+    expect(d.handoffMs).toBeLessThan(250);
+    expect(d.transferMsPerToken).toBeCloseTo(0.01, 2);
+    // a node never seen: no hand-off, the profile's rate
+    expect(t.view("d9", profile(), 12_000)).toMatchObject({ handoffMs: 0, transferMsPerToken: prior.transferMsPerToken });
   });
 
   it("decode step against the batch: the line through streams at different batch sizes", () => {
@@ -84,7 +100,7 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(t.view("d9", profile(), 0)).toMatchObject({ decodeStepMs: 30, decodeMsPerSeq: 0 });
   });
 
-  it("rates stay positive (a sequence's step growth at least 0) and finite whatever the samples (property)", () => {
+  it("rates stay positive (a sequence's step growth and D's hand-off at least 0) and finite whatever the samples (property)", () => {
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
         const t = new NodeRateTable();
@@ -92,9 +108,10 @@ describe("learned rates: the prior first, then what the legs show", () => {
           t.learn(leg(ms, tokens, { cachedTokens: cached, aheadTokens: ahead, ttftMs: ms, streamEvents: tokens, streamSpanMs: ms }), i * 10, profile),
         );
         for (const node of ["p0", "d0"]) {
-          const { decodeMsPerSeq, ...rest } = t.view(node, profile(), samples.length * 10);
+          const { decodeMsPerSeq, handoffMs, ...rest } = t.view(node, profile(), samples.length * 10);
           expect(decodeMsPerSeq).toBeGreaterThanOrEqual(0);
-          for (const v of [decodeMsPerSeq, ...Object.values(rest)]) expect(Number.isFinite(v)).toBe(true);
+          expect(handoffMs).toBeGreaterThanOrEqual(0);
+          for (const v of [decodeMsPerSeq, handoffMs, ...Object.values(rest)]) expect(Number.isFinite(v)).toBe(true);
           for (const v of Object.values(rest)) expect(v).toBeGreaterThan(0);
         }
       }),

@@ -68,6 +68,18 @@ describe("a request's KV share is judged against the engine it lands on", () => 
     expect(isBusyFor({ signals: view }, { kvBusy: 0.9, queueBusy: 100 }, 20_000)).toBe(false);
   });
 
+  it("the prefill legs sent and ended since the poll move a queue as decode requests do (only a queue the poll saw)", () => {
+    const queued = readEngineMetrics(sglangDecodePage([{ dp_rank: "0" }], { ...figures, usage: 0.2 }))!;
+    const signals = new EngineSignals();
+    signals.record("c0", { ...queued, waiting: 8 }, 0, 6);
+    // four of the six prefill legs the poll saw have ended, one more was sent
+    expect(signals.view("c0", 0, 15_000, 3)!.queue).toBe(5);
+    // absent: as at the poll
+    expect(signals.view("c0", 0, 15_000)!.queue).toBe(8);
+    signals.record("c0", { ...queued, waiting: 0 }, 0, 6);
+    expect(signals.view("c0", 0, 15_000, 9)!.queue).toBe(0);
+  });
+
   it("what was sent since the poll spreads over both ranks' capacity (the reading is their mean)", () => {
     expect(projectSignals({ reading: twoRanks, sent: 1, sentTokens: 40_000, freed: 0, freedTokens: 0 }).kvUsage).toBeCloseTo(0.8);
   });
