@@ -227,16 +227,21 @@ describe('SGLang prefill leg', () => {
   });
 
   it('aborts when its client leaves before the prefill ends; D fails with a transfer error', async () => {
+    // a 3 s prefill: the client's leaving reaches P long before it ends, however busy the machine
+    // (200 ms was outrun under load: the prefill ended first and nothing was aborted)
     eng('p0').setOptions({ timeScale: 1, prefillMsPerToken: 1, sglangStreamAbortGraceMs: 20 });
     const ac = new AbortController();
-    const d = post('d0', '/v1/completions', room('x'.repeat(800), ',"stream":true'));
-    const p = await post('p0', '/v1/completions', room('x'.repeat(800), ',"stream":true'), {}, ac.signal);
+    const d = post('d0', '/v1/completions', room('x'.repeat(12000), ',"stream":true'));
+    const p = await post('p0', '/v1/completions', room('x'.repeat(12000), ',"stream":true'), {}, ac.signal);
     expect(p.status).toBe(200);
     ac.abort(); // what a router does when it drops P's response on its headers
     const dRes = await d;
     const body = await dRes.text();
     expect(body).toMatch(/KVTransferError\(bootstrap_room=12345678901234567890\): Aborted by AbortReq/);
     expect(eng('p0').stats().sglangAborts).toBe(1);
+    // the aborted prefill's step still runs to its end: the next test must not queue behind it
+    const t = performance.now();
+    while (eng('p0').model().core.stepping && performance.now() - t < 10000) await new Promise((r) => setTimeout(r, 20));
   });
 
   it('does not abort a prefill that ends within the grace', async () => {
