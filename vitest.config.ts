@@ -36,10 +36,13 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
+          // one workerd per pool worker, not per file: each file starts from a clean router instead
+          // (test/worker/file-engines.ts; docs/testing.md), 2.7x less CPU than a workerd per file
+          isolate: false,
           // the operations tests need the secrets set: they run in worker-secured; runtime-* in worker-runtime
           exclude: ["test/worker/ops-*.test.ts", "test/worker/runtime-*.test.ts"],
           globalSetup: ["./test/global-setup.ts", "./test/signals-global-setup.ts"],
-          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          // each file its own engines and a clean router (the workerd is shared): files may run in parallel
           setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
@@ -67,11 +70,12 @@ export default defineConfig({
         test: {
           name: "worker-secured",
           include: ["test/worker/ops-*.test.ts"],
+          isolate: false,
           // after the other projects, so a second workerd does not compete with their timing-sensitive tests
           sequence: { groupOrder: 1 },
           // the signals rig too: fair share across API keys needs keys and busy decode nodes (ops-admission-*)
           globalSetup: ["./test/global-setup.ts", "./test/signals-global-setup.ts"],
-          // each file its own engines (and, through the pool, its own workerd): files may run in parallel
+          // each file its own engines and a clean router (the workerd is shared): files may run in parallel
           setupFiles: ["./test/worker/file-engines.ts"],
           testTimeout: 20000,
           hookTimeout: 30000,
@@ -109,6 +113,7 @@ export default defineConfig({
         test: {
           name: "worker-runtime",
           include: ["test/worker/runtime-*.test.ts"],
+          isolate: false,
           sequence: { groupOrder: 1 },
           globalSetup: ["./test/global-setup.ts"],
           setupFiles: ["./test/worker/file-engines.ts"],

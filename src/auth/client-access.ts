@@ -115,6 +115,9 @@ export async function chargeRateLimit(env: Env, key: string | undefined, request
 const blockedUntil = new Map<string, number>();
 const MAX_BLOCKED = 10_000;
 
+/** Test seam: no address blocked, as in a new isolate (the Worker tests share one isolate across files). */
+export const forgetBlockedForTests = () => blockedUntil.clear();
+
 function failureLimit(env: Env, ip: string | undefined, options: ClientAccessOptions) {
   const limiter = env.RATE_LIMITER;
   if (!limiter) return null;

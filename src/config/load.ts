@@ -65,6 +65,18 @@ export class ClusterConfigLoader {
     this.#loadedAt = -Infinity;
   }
 
+  /**
+   * Forgets everything, the last valid document too, as a new isolate starts. Test seam only: the
+   * Worker tests share one isolate across test files (vitest.config.ts), and each file starts with
+   * what a fresh isolate has (test/worker/file-engines.ts).
+   */
+  forget(): void {
+    this.#lastGood = null;
+    this.#snapshot = null;
+    this.#loadedAt = -Infinity;
+    this.#lastRaw = undefined;
+  }
+
   async #refresh(source: ConfigSource): Promise<ConfigSnapshot> {
     const read = ++this.#readsStarted;
     let raw: string | null;

@@ -68,6 +68,9 @@ export function currentConfig(env: Env, count?: StateCallCount): Promise<ConfigS
 
 export const invalidateConfig = () => loader.invalidate();
 
+/** Test seam: this isolate's document cache as a new isolate has it (ClusterConfigLoader.forget). */
+export const forgetConfigForTests = () => loader.forget();
+
 /** The document being served, or a 503 that says what is wrong when none was ever valid. */
 export function requireConfig(snapshot: ConfigSnapshot): ClusterConfig {
   if (snapshot.config) return snapshot.config;

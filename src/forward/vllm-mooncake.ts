@@ -22,6 +22,12 @@ const ENGINE_ID_TTL_MS = 5 * 60_000;
 /** The next rank per P: the proxy cycles every P's ranks in turn (`prefiller_cycle`). */
 const nextRank = new Map<string, number>();
 
+/** Test seam: no engine ids learned, as in a new isolate (the Worker tests share one isolate across files). */
+export function forgetEngineIdsForTests(): void {
+  engineIds.clear();
+  nextRank.clear();
+}
+
 /**
  * P's bootstrap server as D reaches it: P's bootstrapHost (IPv6 in brackets, as the proxy's
  * `maybe_wrap_ipv6_address` writes it) and bootstrapPort (default 8998, VLLM_MOONCAKE_BOOTSTRAP_PORT).

@@ -1,6 +1,8 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Service tiers at the edge (SPEC 9): the request's `service_tier` sets its band in the queue of
 // requests waiting for a decode node; a flex request that cannot meet admission.ttftSloMs is

@@ -1,6 +1,8 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { completionsTo, engineFault, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, waitFor } from "./signals-helpers";
+import { completionsTo, engineFault, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, useSignalsRig, waitFor } from "./signals-helpers";
 import { conversations } from "../support/conversation";
+
+useSignalsRig();
 
 // Predicted disaggregation through the Worker (SPEC 9, issue 23 item 2): what the engines' own
 // figures (steered /metrics) and the learned rates make of a request — which D, local or not —

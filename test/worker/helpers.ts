@@ -1,6 +1,9 @@
-import { env, runInDurableObject, SELF } from "cloudflare:test";
+import { env, listDurableObjectIds, reset, runInDurableObject, SELF } from "cloudflare:test";
 import { inject } from "vitest";
+import { forgetBlockedForTests } from "../../src/auth/client-access";
+import { forgetConfigForTests } from "../../src/config/runtime";
 import { parseClusterDocument } from "../../src/config/schema";
+import { forgetEngineIdsForTests } from "../../src/forward/vllm-mooncake";
 
 export interface FileEngines {
   id: string;
@@ -8,8 +11,18 @@ export interface FileEngines {
   engines: Record<string, string>;
 }
 
+// Module state of one test file. The Worker projects run without isolation (vitest.config.ts):
+// this module is evaluated once per pool worker and shared by the files it runs one after the
+// other, so file-engines.ts (a setup file, evaluated again for every file) resets it with
+// beginFile() before the file's own module runs.
 let fileEngines: FileEngines | null = null;
 let wantsEngines = true;
+
+/** A test file starts: no engines yet, and it wants them unless it says otherwise (withoutFileEngines). */
+export function beginFile(): void {
+  fileEngines = null;
+  wantsEngines = true;
+}
 
 /**
  * Called at the top of a test file of pure code: no engines are started for it (file-engines.ts).
@@ -27,6 +40,7 @@ export const sim = (): FileEngines => {
 };
 
 export async function startFileEngines(): Promise<void> {
+  if (fileEngines) throw new Error("startFileEngines: the previous file's engines were never stopped");
   if (!wantsEngines) return;
   const res = await fetch(`${inject("simFactory")}/clusters`, { method: "POST" });
   if (!res.ok) throw new Error(`could not start this file's engines: ${res.status} ${await res.text()}`);
@@ -34,6 +48,7 @@ export async function startFileEngines(): Promise<void> {
 }
 
 export async function stopFileEngines(): Promise<void> {
+  wantsEngines = true;
   if (!fileEngines) return;
   const { id } = fileEngines;
   fileEngines = null;
@@ -175,3 +190,53 @@ export async function engineSawAbort(id: string, timeoutMs = 3000): Promise<any>
 /** Three prefill and three decode engines of the test cluster. */
 export const P3: NodeSpec[] = ["p0", "p1", "p2"].map((id) => ({ id, role: "prefill" }));
 export const D3: NodeSpec[] = ["d0", "d1", "d2"].map((id) => ({ id, role: "decode" }));
+
+/**
+ * The router as a new workerd has it, at the start of every test file (file-engines.ts): the files
+ * of a pool worker share one workerd and one isolate (vitest.config.ts, isolate: false). Every
+ * Durable Object is deleted — the whole cluster's and each pool's (`pool:<models>`), memory
+ * (view, leases, queue, health, stickiness, prefix index, signals, rates, precision, busy
+ * windows, counters, history) and storage (saved view, last valid document, cursors, alarm) —
+ * the KV namespace emptied, and the isolate's module caches (document, blocked addresses,
+ * Mooncake engine ids) forgotten through their test seams.
+ */
+export async function resetRouter(): Promise<void> {
+  await reset();
+  // the listing may still name deleted objects: each must hold nothing now
+  for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
+    const s = await env.CLUSTER_STATE.get(id).snapshot();
+    if (s.version !== null || s.nodes.length > 0 || s.leases > 0)
+      throw new Error(`resetRouter: object ${id.toString().slice(0, 8)} kept its state after reset(): ${JSON.stringify({ version: s.version, leases: s.leases })}`);
+  }
+  for (let cursor: string | undefined; ; ) {
+    const page = await env.NODES.list(cursor ? { cursor } : {});
+    for (const key of page.keys) await env.NODES.delete(key.name);
+    if (page.list_complete) break;
+    cursor = page.cursor;
+  }
+  forgetConfigForTests();
+  forgetBlockedForTests();
+  forgetEngineIdsForTests();
+}
+
+/**
+ * After a file's last test: every request it made has ended — no lease held, nobody waiting at
+ * the edge, in any pool's object. A file that leaves a stream open or a request waiting must end
+ * it in its own afterAll; otherwise it would run on into the next file's fresh state.
+ */
+export async function expectFileQuiet(timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const busy: string[] = [];
+    for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
+      const s = (await env.CLUSTER_STATE.get(id).snapshot()) as Awaited<ReturnType<typeof snapshot>>;
+      const inflight = s.nodes.filter((n) => n.inflight.prefill > 0 || n.inflight.decode > 0);
+      const waiting = s.admission.queued;
+      if (s.leases > 0 || inflight.length > 0 || waiting > 0)
+        busy.push(JSON.stringify({ id: id.toString().slice(0, 8), leases: s.leases, waiting, inflight: inflight.map((n) => [n.id, n.inflight]) }));
+    }
+    if (busy.length === 0) return;
+    if (Date.now() > deadline) throw new Error(`this file left requests running after its last test (end them in its afterAll): ${busy.join(" ")}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}

@@ -2,7 +2,9 @@ import { runInDurableObject, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { withoutFileEngines } from "./helpers";
 import { seriesValue } from "./ops-helpers";
-import { chatBody, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, stub, waitFor } from "./signals-helpers";
+import { chatBody, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, signalsRig, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Eight metric families of /metrics that no test read (issue 25), each through the Worker with
 // the value its producer must give: the nodes are simulated engines behind fronts whose GET

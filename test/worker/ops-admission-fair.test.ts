@@ -1,7 +1,9 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { ALT_KEY, KEY } from "./ops-helpers";
-import { chatBody, engineRequests, kv, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Fair share across API keys at the edge (SPEC 9): among requests of one tier waiting for a
 // decode node, the keys take turns, so one key flooding the queue delays another key's requests

@@ -1,6 +1,8 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import { ADMISSION_RESERVATION_MS } from "../../src/state/cluster-state";
-import { chatBody, engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Admission at the edge (SPEC 8): when every decode node that could serve a request is busy, it
 // waits in the pool's object, first come first served, holding nothing upstream.

@@ -1,7 +1,9 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { completionsTo, explain, kv, poll, putNodes, resetEngines, resetState, sendChat, setMetrics } from "./signals-helpers";
+import { completionsTo, explain, kv, poll, putNodes, resetEngines, resetState, sendChat, setMetrics, useSignalsRig } from "./signals-helpers";
 import { conversations } from "../support/conversation";
 import { seededRandom } from "../support/seeded";
+
+useSignalsRig();
 
 // Conditional disaggregation and what the engines say about themselves (SPEC 8): a D that is busy
 // (or that this request would make busy) gets no local prefill; a P whose engine queue is at

@@ -1,7 +1,9 @@
 import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import type { ClusterView } from "../../src/state/types";
-import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Issue 25 item 3: an operator edits the document while requests wait at the edge (what one does
 // to relieve a busy pool: add a decode node). The waiters are decided again under the document in

@@ -1,6 +1,8 @@
 import { runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chatBody, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Engine signals through the Worker: nodes whose GET /metrics says what a real vLLM would, and
 // what routing does with it (SPEC 8).

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, expect, inject } from "vitest";
 import type { MetricsMode } from "../support/metrics-front";
 
 // Nodes with a steerable /metrics (test/signals-global-setup.ts) and the cluster around them:
-// each test file that imports this gets a rig of its own for its whole run.
+// each test file that calls useSignalsRig() at its top gets a rig of its own for its whole run.
 
 interface SignalsRig {
   id: string;
@@ -12,23 +12,35 @@ interface SignalsRig {
   nodes: Record<string, string>;
 }
 
+// Module state of one test file: this module is shared by the files a pool worker runs one after
+// the other (vitest.config.ts, isolate: false), so file-engines.ts resets it for every file.
 let rig: SignalsRig | null = null;
 
-beforeAll(async () => {
-  const res = await fetch(`${inject("signalsFactory")}/rigs`, { method: "POST" });
-  if (!res.ok) throw new Error(`could not start this file's signals rig: ${res.status} ${await res.text()}`);
-  rig = (await res.json()) as SignalsRig;
-});
-
-afterAll(async () => {
-  if (!rig) return;
-  const { id } = rig;
+export function beginSignalsFile(): void {
   rig = null;
-  await (await fetch(`${inject("signalsFactory")}/rigs/${id}`, { method: "DELETE" })).arrayBuffer();
-});
+}
+
+/**
+ * Called at the top of a test file that uses the rig: registers the hooks that start it before the
+ * file's first test and stop it after its last. (Hooks at this module's top level would run for
+ * the first file that imports it only: the module is evaluated once per pool worker.)
+ */
+export function useSignalsRig(): void {
+  beforeAll(async () => {
+    const res = await fetch(`${inject("signalsFactory")}/rigs`, { method: "POST" });
+    if (!res.ok) throw new Error(`could not start this file's signals rig: ${res.status} ${await res.text()}`);
+    rig = (await res.json()) as SignalsRig;
+  });
+  afterAll(async () => {
+    if (!rig) return;
+    const { id } = rig;
+    rig = null;
+    await (await fetch(`${inject("signalsFactory")}/rigs/${id}`, { method: "DELETE" })).arrayBuffer();
+  });
+}
 
 export const signalsRig = (): SignalsRig => {
-  if (!rig) throw new Error("no signals rig yet: signalsRig() runs before the file's beforeAll");
+  if (!rig) throw new Error("no signals rig: signalsRig() runs before the file's beforeAll, or the file did not call useSignalsRig()");
   return rig;
 };
 export const nodeUrl = (id: string) => signalsRig().nodes[id]!;

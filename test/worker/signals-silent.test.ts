@@ -1,5 +1,7 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { kv, poll, putNodes, resetEngines, resetState, setMetrics, snapshot } from "./signals-helpers";
+import { kv, poll, putNodes, resetEngines, resetState, setMetrics, snapshot, useSignalsRig } from "./signals-helpers";
+
+useSignalsRig();
 
 // A node that answers its probes but whose /metrics never gives a reading — an SGLang server
 // started without --enable-metrics (off by default) has no /metrics route — is named on the

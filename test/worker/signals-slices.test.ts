@@ -1,6 +1,8 @@
 import { env, runDurableObjectAlarm } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
-import { chatBody, frontStats, kv, nodeUrl, post, resetState, setMetrics, snapshot, stub } from "./signals-helpers";
+import { chatBody, frontStats, kv, nodeUrl, post, resetState, setMetrics, snapshot, stub, useSignalsRig } from "./signals-helpers";
+
+useSignalsRig();
 
 // The object's alarm spreads each job over its period (issue 24, item 1): a pool of more than 12
 // nodes is polled a slice a run (src/config/plan.ts slicesFor, src/state/node-slices.ts), not
