@@ -14,14 +14,23 @@ import { beginSignalsFile } from "./signals-helpers";
 beginFile();
 beginSignalsFile();
 
+// each step named in its error: a hook's failure shows only its message
+const step = async (name: string, run: () => Promise<void>) => {
+  try {
+    await run();
+  } catch (err) {
+    throw new Error(`${name}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  }
+};
+
 beforeAll(async () => {
-  await resetRouter();
-  await startFileEngines();
+  await step("resetting the router for this file", resetRouter);
+  await step("starting this file's engines", startFileEngines);
 });
 afterAll(async () => {
   try {
-    await expectFileQuiet();
+    await step("after this file's last test", expectFileQuiet);
   } finally {
-    await stopFileEngines();
+    await step("stopping this file's engines", stopFileEngines);
   }
 });

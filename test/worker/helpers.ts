@@ -192,6 +192,25 @@ export const P3: NodeSpec[] = ["p0", "p1", "p2"].map((id) => ({ id, role: "prefi
 export const D3: NodeSpec[] = ["d0", "d1", "d2"].map((id) => ({ id, role: "decode" }));
 
 /**
+ * An object's snapshot through a new stub each try: a stub that met the object while reset()
+ * aborted it fails once with "Network connection lost" (workerd: a broken stub is not reused).
+ */
+async function snapshotOf(id: DurableObjectId): Promise<Awaited<ReturnType<typeof snapshot>>> {
+  return retryLostConnection(async () => (await env.CLUSTER_STATE.get(id).snapshot()) as Awaited<ReturnType<typeof snapshot>>);
+}
+
+async function retryLostConnection<T>(call: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await call();
+    } catch (err) {
+      if (attempt === 3 || !String(err).includes("Network connection lost")) throw err;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+/**
  * The router as a new workerd has it, at the start of every test file (file-engines.ts): the files
  * of a pool worker share one workerd and one isolate (vitest.config.ts, isolate: false). Every
  * Durable Object is deleted — the whole cluster's and each pool's (`pool:<models>`), memory
@@ -201,10 +220,10 @@ export const D3: NodeSpec[] = ["d0", "d1", "d2"].map((id) => ({ id, role: "decod
  * Mooncake engine ids) forgotten through their test seams.
  */
 export async function resetRouter(): Promise<void> {
-  await reset();
+  await retryLostConnection(reset);
   // the listing may still name deleted objects: each must hold nothing now
   for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
-    const s = await env.CLUSTER_STATE.get(id).snapshot();
+    const s = await snapshotOf(id);
     if (s.version !== null || s.nodes.length > 0 || s.leases > 0)
       throw new Error(`resetRouter: object ${id.toString().slice(0, 8)} kept its state after reset(): ${JSON.stringify({ version: s.version, leases: s.leases })}`);
   }
@@ -229,7 +248,7 @@ export async function expectFileQuiet(timeoutMs = 10_000): Promise<void> {
   for (;;) {
     const busy: string[] = [];
     for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
-      const s = (await env.CLUSTER_STATE.get(id).snapshot()) as Awaited<ReturnType<typeof snapshot>>;
+      const s = await snapshotOf(id);
       const inflight = s.nodes.filter((n) => n.inflight.prefill > 0 || n.inflight.decode > 0);
       const waiting = s.admission.queued;
       if (s.leases > 0 || inflight.length > 0 || waiting > 0)
