@@ -1,5 +1,21 @@
 import { beforeEach, describe, expect, it } from "vitest";
-import { completionsTo, engineFault, explain, kv, poll, post, putNodes, resetEngines, resetState, sendChat, setMetrics, signalsRig, snapshot, useSignalsRig, waitFor } from "./signals-helpers";
+import {
+  completionsTo,
+  engineFault,
+  explain,
+  kv,
+  poll,
+  post,
+  putNodes,
+  resetEngines,
+  resetState,
+  sendChat,
+  setMetrics,
+  signalsRig,
+  snapshot,
+  useSignalsRig,
+  waitFor,
+} from "./signals-helpers";
 import { conversations } from "../support/conversation";
 
 useSignalsRig();

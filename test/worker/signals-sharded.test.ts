@@ -2,7 +2,9 @@ import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { pollerCount } from "../../src/config/plan";
 import { assignPollers, NewestReadings, pollerName } from "../../src/state/poller-shards";
-import { chatBody, explain, frontStats, kv, nodeUrl, post, resetEngines, resetState, setMetrics, snapshot, stub, waitFor } from "./signals-helpers";
+import { chatBody, explain, frontStats, kv, nodeUrl, post, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+
+useSignalsRig();
 
 // Sharded polling (issue 24 item 2, docs/scaling.md): past `signals.shardAbove` nodes the pool's
 // object hands its /metrics polls to SignalPoller objects, one per `signals.nodesPerPoller` nodes,
