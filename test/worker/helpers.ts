@@ -192,11 +192,18 @@ export const P3: NodeSpec[] = ["p0", "p1", "p2"].map((id) => ({ id, role: "prefi
 export const D3: NodeSpec[] = ["d0", "d1", "d2"].map((id) => ({ id, role: "decode" }));
 
 /**
- * An object's snapshot through a new stub each try: a stub that met the object while reset()
- * aborted it fails once with "Network connection lost" (workerd: a broken stub is not reused).
+ * An object's snapshot through a new stub each try, or null when it stays unreachable: a stub that
+ * met the object while reset() aborted it fails with "Network connection lost" (workerd does not
+ * reuse a broken stub). An object that cannot be reached holds no live state either: its leases,
+ * queue and view lived in the instance's memory, and a request of the file that needed it failed.
  */
-async function snapshotOf(id: DurableObjectId): Promise<Awaited<ReturnType<typeof snapshot>>> {
-  return retryLostConnection(async () => (await env.CLUSTER_STATE.get(id).snapshot()) as Awaited<ReturnType<typeof snapshot>>);
+async function snapshotOf(id: DurableObjectId): Promise<Awaited<ReturnType<typeof snapshot>> | null> {
+  try {
+    return await retryLostConnection(async () => (await env.CLUSTER_STATE.get(id).snapshot()) as Awaited<ReturnType<typeof snapshot>>);
+  } catch (err) {
+    if (String(err).includes("Network connection lost")) return null;
+    throw err;
+  }
 }
 
 async function retryLostConnection<T>(call: () => Promise<T>): Promise<T> {
@@ -238,7 +245,8 @@ export async function resetRouter(): Promise<void> {
     const kept: string[] = [];
     for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
       const s = await snapshotOf(id);
-      if (s.version !== null || s.nodes.length > 0 || s.leases > 0) kept.push(`${id.toString().slice(0, 8)} ${JSON.stringify({ version: s.version, leases: s.leases })}`);
+      if (s === null) kept.push(`${id.toString().slice(0, 8)} unreachable`);
+      else if (s.version !== null || s.nodes.length > 0 || s.leases > 0) kept.push(`${id.toString().slice(0, 8)} ${JSON.stringify({ version: s.version, leases: s.leases })}`);
     }
     if (kept.length === 0) return;
     if (attempt === 5) throw new Error(`resetRouter: objects made again with the previous file's state after reset(): ${kept.join("; ")}`);
@@ -257,6 +265,7 @@ export async function expectFileQuiet(timeoutMs = 10_000): Promise<void> {
     const busy: string[] = [];
     for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
       const s = await snapshotOf(id);
+      if (s === null) continue;
       const inflight = s.nodes.filter((n) => n.inflight.prefill > 0 || n.inflight.decode > 0);
       const waiting = s.admission.queued;
       if (s.leases > 0 || inflight.length > 0 || waiting > 0)
