@@ -243,7 +243,7 @@ export async function resetRouter(): Promise<void> {
   for (let attempt = 1; ; attempt++) {
     await retryLostConnection(reset);
     const kept: string[] = [];
-    for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
+    for (const id of await retryLostConnection(() => listDurableObjectIds(env.CLUSTER_STATE))) {
       const s = await snapshotOf(id);
       if (s === null) kept.push(`${id.toString().slice(0, 8)} unreachable`);
       else if (s.version !== null || s.nodes.length > 0 || s.leases > 0) kept.push(`${id.toString().slice(0, 8)} ${JSON.stringify({ version: s.version, leases: s.leases })}`);
@@ -263,7 +263,7 @@ export async function expectFileQuiet(timeoutMs = 10_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const busy: string[] = [];
-    for (const id of await listDurableObjectIds(env.CLUSTER_STATE)) {
+    for (const id of await retryLostConnection(() => listDurableObjectIds(env.CLUSTER_STATE))) {
       const s = await snapshotOf(id);
       if (s === null) continue;
       const inflight = s.nodes.filter((n) => n.inflight.prefill > 0 || n.inflight.decode > 0);
