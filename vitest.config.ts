@@ -18,9 +18,9 @@ export default defineConfig({
     // the router's one-line JSON logs are its product, not test output
     onConsoleLog: (log) => !log.includes('"event":"'),
     // Files run four at a time even on 2 cores: most of a file's time is waiting (workerd and
-    // router processes starting, engines' simulated time), and every file has its own engines,
-    // workerd and router (no shared state: docs/testing.md). Measured on the 2-core machine with
-    // 142 files: three at a time 6m03s, four 4m58s.
+    // router processes starting, engines' simulated time), and every file has its own engines and
+    // starts from a clean router (no shared state: docs/testing.md). Measured on the 2-core machine
+    // with 142 files: three at a time 6m03s, four 4m58s.
     maxWorkers: 4,
     projects: [
       {
@@ -36,8 +36,10 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
-          // one workerd per pool worker, not per file: each file starts from a clean router instead
-          // (test/worker/file-engines.ts; docs/testing.md), 2.7x less CPU than a workerd per file
+          // One workerd per pool worker, not per file: each file starts from a clean router instead
+          // (test/worker/file-engines.ts; docs/testing.md), about half the CPU of a workerd per file.
+          // A file that truly needs a workerd of its own (other bindings, a fresh isolate's
+          // globals) would go in a project that keeps isolation; none does today.
           isolate: false,
           // the operations tests need the secrets set: they run in worker-secured; runtime-* in worker-runtime
           exclude: ["test/worker/ops-*.test.ts", "test/worker/runtime-*.test.ts"],
