@@ -87,7 +87,11 @@ describe("every decode node busy", () => {
     // /v1/route says so too: a request of that model would wait behind them
     const dry = (await (await post("/v1/route", chatBody(`dry ${"x".repeat(120)}`))).json()) as { admission: unknown };
     expect(dry.admission).toEqual({ wait: true, queued: 2 });
-    await setMetrics("d0", kv(0.1));
+    // room for the large one but not for both (20 + 150 + 34 tokens over 0.9 of 200): it is
+    // admitted first and the small one only once it is done, so the order d0 sees is the queue's
+    // (with d0's capacity unknown both were admitted at once and raced through P: 2 of 9 runs
+    // reached d0 small first)
+    await setMetrics("d0", kv(0.1, { capacityTokens: 200 }));
     await poll();
     for (const res of await Promise.all([large, small])) {
       expect(res.status, await res.clone().text()).toBe(200);
