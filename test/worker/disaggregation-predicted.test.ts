@@ -25,7 +25,9 @@ useSignalsRig();
 // and how a node made slower is learned.
 
 /** A conversation of 6 prefix blocks (~3,100 tokens), apart from other runs' */
-const conversation = conversations(Math.random().toString(36).slice(2, 8));
+// a fixed suffix: every file starts from fresh engines and a clean router (docs/testing.md), and a
+// random one would move the conversations' hashes, and with them the nodes they meet, run to run
+const conversation = conversations("dpred");
 // the engine queue is the prediction's to weigh, not the guard's: queueBusy out of the way
 const signals = { intervalMs: 600_000, staleMs: 1_200_000, queueBusy: 1000 };
 const predicted = (decode = "affinity") => ({ policy: { prefill: "affinity", decode, disaggregation: "predicted" }, signals });
