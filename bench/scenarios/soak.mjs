@@ -14,23 +14,17 @@
 // squares) and the heap grown per request between the two heap readings.
 //
 // `npm run bench -- soak [--minutes 5] [--concurrency 48] [--sample-s 5] [--seed 25] [--shares 0.3,0.4,0.15,0.15]
-//   [--target router|baseline] [--json bench/results/soak.json]`
-import { mkdtempSync, rmSync } from 'node:fs';
+//   [--json bench/results/soak.json]`
 import { readFile, readdir } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import http from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { devtoolsSession, heapAfterGc, heapObjectBytes } from '../../scripts/devtools.mjs';
 import { numberOption } from '../lib/args.mjs';
-import { freePort, startStack, workerSnapshot } from '../lib/harness.mjs';
-import { startWorkerd } from '../lib/workerd.mjs';
+import { startStack } from '../lib/harness.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { mulberry32 } from '../lib/text.mjs';
 
 const ADMIN_TOKEN = 'soak-admin-token';
-const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 const KINDS = /** @type {const} */ (['complete', 'mid-stream', 'early', 'whole']);
 const SHARES = [0.3, 0.4, 0.15, 0.15];
 
@@ -133,10 +127,6 @@ export async function runSoak(options) {
   const shares = typeof options.shares === 'string' ? options.shares.split(',').map(Number) : SHARES;
   if (shares.length !== KINDS.length || !shares.every((x) => x >= 0) || !(shares.reduce((a, b) => a + b, 0) > 0))
     throw new Error('--shares: four numbers >= 0 (complete, mid-stream, early, whole)');
-  // --target baseline: the same traffic through the pass-through baseline Worker
-  // (bench/baseline-worker: two plain fetch legs, no state), to tell the router's memory from the
-  // runtime's own under this load
-  const target = options.target === 'baseline' ? 'baseline' : 'router';
   const stack = await startStack({
     engines: [
       { id: 'p0', role: 'prefill' },
@@ -147,33 +137,7 @@ export async function runSoak(options) {
     // D writes a token every 2 ms: a 200-token answer is still streaming when a client leaves
     defaults: { decodeBaseMs: 2, decodeMsPerSeq: 0, transferInterferenceMs: 0, transferMsPerBlock: 0 },
     vars: { ADMIN_TOKEN },
-    router: target === 'router',
   });
-  if (target === 'baseline') {
-    const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-soak-baseline-'));
-    const urls = (/** @type {string} */ role) =>
-      [...stack.cluster.engines.values()]
-        .filter((e) => e.role === role)
-        .map((e) => e.url)
-        .join(',');
-    const inspectorPort = await freePort();
-    const proc = await startWorkerd({
-      cwd: workerSnapshot(),
-      port: await freePort(),
-      persistDir,
-      entry: path.join(REPO_ROOT, 'bench', 'baseline-worker', 'index.js'),
-      bare: true,
-      inspectorPort,
-      vars: { P_URLS: urls('prefill'), D_URLS: urls('decode') },
-    });
-    const close = stack.close;
-    stack.router = /** @type {any} */ ({ ...proc, inspectorPort });
-    stack.close = async () => {
-      await proc.stop();
-      rmSync(persistDir, { recursive: true, force: true });
-      await close();
-    };
-  }
   const url = new URL(stack.router.url);
   const session = await devtoolsSession(/** @type {number} */ (stack.router.inspectorPort));
   /** @type {Record<string, Record<string, number>>} */
@@ -216,8 +180,7 @@ export async function runSoak(options) {
   let idleAfterMs = Number.NaN;
   const idleStart = performance.now();
   while (performance.now() - idleStart < 30_000) {
-    // (the baseline holds no leases)
-    const leases = target === 'router' ? /** @type {any} */ (await (await fetch(`${stack.router.url}/admin/status`, { headers: admin })).json()).leases : 0;
+    const { leases } = /** @type {any} */ (await (await fetch(`${stack.router.url}/admin/status`, { headers: admin })).json());
     const engines = /** @type {Record<string, { inflight: number }>} */ (await stack.stats());
     if (leases === 0 && Object.values(engines).every((e) => e.inflight === 0)) {
       idleAfterMs = Math.round(performance.now() - idleStart);
@@ -237,7 +200,6 @@ export async function runSoak(options) {
   const later = atMinute ? sent - atMinute.requests : 0;
   const result = {
     scenario: 'soak',
-    target,
     minutes,
     concurrency,
     shares: Object.fromEntries(KINDS.map((k, i) => [k, shares[i]])),
@@ -282,8 +244,8 @@ export async function runSoak(options) {
 export function soakTable(result) {
   const rows = [
     [
-      'Worker, length, clients, mix (complete / mid-stream / early / whole)',
-      `${result.target ?? 'router'}, ${result.minutes} min, ${result.concurrency}, ${result.shares ? KINDS.map((k) => result.shares[k]).join(' / ') : SHARES.join(' / ')}`,
+      'length, clients, mix (complete / mid-stream / early / whole)',
+      `${result.minutes} min, ${result.concurrency}, ${result.shares ? KINDS.map((k) => result.shares[k]).join(' / ') : SHARES.join(' / ')}`,
     ],
     ['requests (complete / mid-stream / early / whole)', `${result.requests} (${KINDS.map((k) => Object.values(result.outcomes[k]).reduce((a, b) => a + b, 0)).join(' / ')})`],
     [
