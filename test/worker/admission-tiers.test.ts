@@ -1,6 +1,6 @@
 import { SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, useSignalsRig, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, poll, post, putNodes, queued, resetEngines, resetState, setMetrics, snapshot, useSignalsRig, waitFor } from "./signals-helpers";
 
 useSignalsRig();
 
@@ -14,7 +14,6 @@ const PD = [
   { id: "d1", role: "decode" as const },
 ];
 
-const queued = async () => (await snapshot()).admission.queued;
 const decodeLegs = async (id: string) => (await engineRequests(id)).filter((r) => r.path === "/v1/chat/completions");
 const idOf = (r: { headers: Record<string, string> }) => r.headers["x-request-id"]?.split("-").slice(0, 2).join("-");
 const send = (id: string, body: unknown) => post("/v1/chat/completions", body, { headers: { "content-type": "application/json", "x-request-id": id } });

@@ -1,7 +1,7 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import { ALT_KEY, KEY } from "./ops-helpers";
-import { chatBody, engineRequests, kv, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, post, putNodes, queued, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
 
 useSignalsRig();
 
@@ -17,7 +17,6 @@ const PD = [
 ];
 const FLEX_KEY = "ops-key-flex";
 
-const queued = async () => (await snapshot()).admission.queued;
 const idOf = (r: { headers: Record<string, string> }) => r.headers["x-request-id"]?.split("-").slice(0, 2).join("-");
 const decodeOrder = async () => (await engineRequests("d0")).filter((r) => r.path === "/v1/chat/completions").map(idOf);
 const headers = (key: string, id: string) => ({ "content-type": "application/json", authorization: `Bearer ${key}`, "x-request-id": id });

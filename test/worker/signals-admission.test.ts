@@ -1,6 +1,22 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import { ADMISSION_RESERVATION_MS } from "../../src/state/cluster-state";
-import { chatBody, engineFault, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+import {
+  chatBody,
+  engineFault,
+  engineRequests,
+  kv,
+  poll,
+  post,
+  putNodes,
+  queued,
+  resetEngines,
+  resetState,
+  setMetrics,
+  snapshot,
+  stub,
+  useSignalsRig,
+  waitFor,
+} from "./signals-helpers";
 
 useSignalsRig();
 
@@ -13,7 +29,6 @@ const PD = [
   { id: "d1", role: "decode" as const },
 ];
 
-const queued = async () => (await snapshot()).admission.queued;
 /** requests refused at the edge so far, by reason (the object's counters outlive a test) */
 const rejected = async (reason: string) => (await snapshot()).admission.rejected.find((r) => r.reason === reason)?.count ?? 0;
 const decodeLegs = async (id: string) => (await engineRequests(id)).filter((r) => r.path === "/v1/chat/completions");

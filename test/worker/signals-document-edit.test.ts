@@ -1,7 +1,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import type { ClusterView } from "../../src/state/types";
-import { chatBody, engineRequests, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+import { chatBody, engineRequests, kv, poll, post, putNodes, queued, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
 
 useSignalsRig();
 
@@ -9,7 +9,6 @@ useSignalsRig();
 // to relieve a busy pool: add a decode node). The waiters are decided again under the document in
 // force, and no isolate still holding the old document can flip the object back to it.
 
-const queued = async () => (await snapshot()).admission.queued;
 const decodeLegs = async (id: string) => (await engineRequests(id)).filter((r) => r.path === "/v1/chat/completions");
 
 beforeEach(async () => {

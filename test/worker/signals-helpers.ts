@@ -136,6 +136,9 @@ export const completionsTo = async (id: string) => (await engineRequests(id)).fi
 
 export const chatBody = (content: string, extra: Record<string, unknown> = {}) => ({ model: "sim-model", messages: [{ role: "user", content }], max_tokens: 2, ...extra });
 
+/** Requests waiting at the edge for a decode node, in the pool's object. */
+export const queued = async () => (await snapshot()).admission.queued;
+
 export async function snapshot() {
   return stub().snapshot();
 }
