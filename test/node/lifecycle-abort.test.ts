@@ -127,6 +127,27 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     expect(await expectOneLogLine(id, 1000)).toMatchObject({ status: 499, outcome: "aborted" });
   });
 
+  it("a client that leaves while D is stalled (no byte flows, so no write reveals it): a departure at once, never D's failure at decodeIdleMs", async () => {
+    const id = newId("leave-d-stalled");
+    // D sends its headers and one event, then holds its connection open without a byte more
+    rig.engine("d0").setFault({ mode: "stall", afterChunks: 1, count: 1 });
+    const failuresBefore = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!.failuresTotal;
+    const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 50 }), headers: { "x-request-id": id } });
+    expect(await client.waitFor((t) => t.includes("data: {"), 5000)).toBe(true);
+    client.leave();
+    const ms = await expectReleased(rig, STALL_MS + SLACK_MS);
+    // D's connection closed at the engine: the router hung up on it, D did not end it
+    const stats = await expectEnginesIdle(rig, 1000);
+    expect(stats.d0!.clientAborts).toBe(1);
+    const log = await expectOneLogLine(id, 1000);
+    expect(log).toMatchObject({ status: 499, outcome: "aborted" });
+    // nothing charged to D: its failure count and health are as before the request
+    const d0 = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!;
+    expect(d0.failuresTotal).toBe(failuresBefore);
+    expect(d0.healthy).toBe(true);
+    console.info(`[1e] released ${ms} ms after the client left a stalled D (decodeIdleMs ${TIMEOUTS.decodeIdleMs})`);
+  });
+
   it("a client that stops reading mid-stream (a stuck consumer) is let go after CLIENT_STALL_MS", async () => {
     const id = newId("stop-reading");
     // a D that writes fast and much: the unread socket and the router's buffers fill up
