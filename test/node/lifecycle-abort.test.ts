@@ -67,8 +67,11 @@ async function expectOneLogLine(id: string, ms: number): Promise<Record<string, 
 }
 
 describe("1. a client that leaves (request.signal): legs closed, lease released, one `aborted` log line", () => {
-  it("a chat app's user closes the tab while P still prefills", async () => {
-    const id = newId("leave-during-p");
+  it.each([
+    ["reset", "closes the tab (RST: request.signal fires at once)"],
+    ["fin", "closes the socket in order (FIN only: seen when the router's first write to it fails)"],
+  ] as const)("a chat app's user leaves while P still prefills: %s — %s", async (how) => {
+    const id = newId(`leave-during-p-${how}`);
     rig.engine("p0").setFault({ mode: "slow", delayMs: 1000, count: 1 });
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 400 }), headers: { "x-request-id": id } });
     await until(
@@ -77,7 +80,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
       (s) => s.p0!.inflight === 1,
       3000,
     );
-    client.leave();
+    client.leave(how);
     const ms = await expectReleased(rig, STALL_MS + SLACK_MS);
     const stats = await expectEnginesIdle(rig, 1000);
     // nobody generated the whole answer for nobody: either P's leg was closed or D's stream was
@@ -87,7 +90,9 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     expect(stats.p0!.heldHandles).toBe(0);
     const log = await expectOneLogLine(id, 1000);
     expect(log).toMatchObject({ status: 499, outcome: "aborted" });
-    console.info(`[1a] released ${ms} ms after the client left; p0 aborts ${stats.p0!.clientAborts}, d0 aborts ${stats.d0!.clientAborts}, d0 tokens ${stats.d0!.outputTokens}`);
+    console.info(
+      `[1a ${how}] released ${ms} ms after the client left; p0 aborts ${stats.p0!.clientAborts}, d0 aborts ${stats.d0!.clientAborts}, d0 tokens ${stats.d0!.outputTokens}`,
+    );
   });
 
   it("a client times out after P answered, before D's first byte (a slow D queue)", async () => {

@@ -369,8 +369,11 @@ export class RawClient {
    * reads, so a FIN-only close is not seen until a write fails (docs/testing.md, "Clients that
    * leave"). On that cancel workerd aborts request.signal (worker-entrypoint.c++).
    */
-  leave(): void {
-    this.socket.resetAndDestroy();
+  leave(how: "reset" | "fin" = "reset"): void {
+    // "fin": the socket closed in order (a FIN; what a client that read everything it wanted does):
+    // the router sees it only when its next write to the socket fails
+    if (how === "fin") this.socket.destroy();
+    else this.socket.resetAndDestroy();
   }
 
   /** The response so far: status, headers, body (chunked encoding undone when complete). */
