@@ -36,8 +36,8 @@ const stalledEnd = (stallMs: number): StreamEnd => ({ outcome: "stalled", error:
  * stream it never did (the request's timers keep its I/O alive, so the legs ran on until the
  * stall bound). Measured with 1,000 streams (bench/results/overhead.md): upstream legs closed
  * ~0.7 s after the clients left, against 11 s through a JS stream. A watchdog ends the stream
- * when a write has waited `stallMs`: the client left before the response began (workerd then
- * gives no signal and nobody reads) or stopped reading.
+ * when a write has waited `stallMs`: the client left unseen (no request.signal came: locally, a
+ * client's half-close before anything was written, docs/testing.md) or stopped reading.
  */
 export function clientStream(feed: ClientFeed, o: ClientStreamOptions): ReadableStream<Uint8Array> {
   const { readable, writable } = new IdentityTransformStream();

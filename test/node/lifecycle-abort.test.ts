@@ -2,11 +2,11 @@
 // response starts, a D that falls silent, bodies that break, streams longer than a lease's TTL.
 // One P and one D, so no failover blurs what a fault does; timeouts, CLIENT_STALL_MS and
 // LEASE_TTL_MS are small so each case ends in about a second.
-// What these cases cannot hold: the client-abort listener (RequestLife's constructor, on
-// request.signal). This workerd never aborts request.signal when a TCP client leaves — measured
-// through Miniflare's entry socket and through a direct socket (unsafeDirectSockets), before the
-// response and mid-stream — so a departure here is seen only when a write fails or stalls.
-// test/worker/streaming.test.ts holds the listener (SELF.fetch with an AbortSignal).
+// A client leaves with a reset (RawClient.leave): workerd then cancels the request and aborts
+// request.signal, as Cloudflare does for a client that disconnects, so the departures here are
+// seen through the client-abort listener (RequestLife's constructor), not at a later write; they
+// fail with it removed. A FIN-only close is not seen locally until a write: docs/testing.md,
+// "Clients that leave".
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { RawClient, chatBody, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 
@@ -66,9 +66,12 @@ async function expectOneLogLine(id: string, ms: number): Promise<Record<string, 
   return logs[0]!;
 }
 
-describe("1. a client that leaves before the response starts (workerd gives no signal): legs closed, lease released, one log line", () => {
-  it("a chat app's user closes the tab while P still prefills", async () => {
-    const id = newId("leave-during-p");
+describe("1. a client that leaves (request.signal): legs closed, lease released, one `aborted` log line", () => {
+  it.each([
+    ["reset", "closes the tab (RST: request.signal fires at once)"],
+    ["fin", "closes the socket in order (FIN only: seen when the router's first write to it fails)"],
+  ] as const)("a chat app's user leaves while P still prefills: %s — %s", async (how) => {
+    const id = newId(`leave-during-p-${how}`);
     rig.engine("p0").setFault({ mode: "slow", delayMs: 1000, count: 1 });
     const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 400 }), headers: { "x-request-id": id } });
     await until(
@@ -77,9 +80,8 @@ describe("1. a client that leaves before the response starts (workerd gives no s
       (s) => s.p0!.inflight === 1,
       3000,
     );
-    client.leave();
-    // At worst P finishes its second, D starts, and the first write nobody reads stalls for STALL_MS.
-    const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
+    client.leave(how);
+    const ms = await expectReleased(rig, STALL_MS + SLACK_MS);
     const stats = await expectEnginesIdle(rig, 1000);
     // nobody generated the whole answer for nobody: either P's leg was closed or D's stream was
     expect(stats.p0!.clientAborts + stats.d0!.clientAborts).toBeGreaterThanOrEqual(1);
@@ -87,9 +89,10 @@ describe("1. a client that leaves before the response starts (workerd gives no s
     // and P holds no KV handle for it (vLLM would keep an unread one's blocks for 480 s)
     expect(stats.p0!.heldHandles).toBe(0);
     const log = await expectOneLogLine(id, 1000);
-    expect(log.status).toBe(499);
-    expect(["aborted", "stalled"]).toContain(log.outcome);
-    console.info(`[1a] released ${ms} ms after the client left; p0 aborts ${stats.p0!.clientAborts}, d0 aborts ${stats.d0!.clientAborts}, d0 tokens ${stats.d0!.outputTokens}`);
+    expect(log).toMatchObject({ status: 499, outcome: "aborted" });
+    console.info(
+      `[1a ${how}] released ${ms} ms after the client left; p0 aborts ${stats.p0!.clientAborts}, d0 aborts ${stats.d0!.clientAborts}, d0 tokens ${stats.d0!.outputTokens}`,
+    );
   });
 
   it("a client times out after P answered, before D's first byte (a slow D queue)", async () => {
@@ -103,13 +106,13 @@ describe("1. a client that leaves before the response starts (workerd gives no s
       3000,
     );
     client.leave();
-    const ms = await expectReleased(rig, 1000 + STALL_MS + SLACK_MS);
+    const ms = await expectReleased(rig, STALL_MS + SLACK_MS);
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
     expect(stats.d0!.outputTokens).toBeLessThan(400);
     expect(stats.p0!.heldHandles).toBe(0);
     const log = await expectOneLogLine(id, 1000);
-    expect(log.status).toBe(499);
+    expect(log).toMatchObject({ status: 499, outcome: "aborted" });
     console.info(`[1b] released ${ms} ms after the client left; d0 tokens ${stats.d0!.outputTokens}`);
   });
 
@@ -124,9 +127,30 @@ describe("1. a client that leaves before the response starts (workerd gives no s
       3000,
     );
     client.leave();
-    await expectReleased(rig, 800 + TIMEOUTS.nonStreamMs + SLACK_MS);
-    await expectEnginesIdle(rig, 1000);
-    await expectOneLogLine(id, 1000);
+    await expectReleased(rig, STALL_MS + SLACK_MS);
+    expect((await expectEnginesIdle(rig, 1000)).p0!.clientAborts).toBe(1);
+    expect(await expectOneLogLine(id, 1000)).toMatchObject({ status: 499, outcome: "aborted" });
+  });
+
+  it("a client that leaves while D is stalled (no byte flows, so no write reveals it): a departure at once, never D's failure at decodeIdleMs", async () => {
+    const id = newId("leave-d-stalled");
+    // D sends its headers and one event, then holds its connection open without a byte more
+    rig.engine("d0").setFault({ mode: "stall", afterChunks: 1, count: 1 });
+    const failuresBefore = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!.failuresTotal;
+    const client = new RawClient(rig.port, { body: chatBody({ stream: true, max_tokens: 50 }), headers: { "x-request-id": id } });
+    expect(await client.waitFor((t) => t.includes("data: {"), 5000)).toBe(true);
+    client.leave();
+    const ms = await expectReleased(rig, STALL_MS + SLACK_MS);
+    // D's connection closed at the engine: the router hung up on it, D did not end it
+    const stats = await expectEnginesIdle(rig, 1000);
+    expect(stats.d0!.clientAborts).toBe(1);
+    const log = await expectOneLogLine(id, 1000);
+    expect(log).toMatchObject({ status: 499, outcome: "aborted" });
+    // nothing charged to D: its failure count and health are as before the request
+    const d0 = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!;
+    expect(d0.failuresTotal).toBe(failuresBefore);
+    expect(d0.healthy).toBe(true);
+    console.info(`[1e] released ${ms} ms after the client left a stalled D (decodeIdleMs ${TIMEOUTS.decodeIdleMs})`);
   });
 
   it("a client that stops reading mid-stream (a stuck consumer) is let go after CLIENT_STALL_MS", async () => {

@@ -361,9 +361,19 @@ export class RawClient {
     return true;
   }
 
-  /** The client leaves: the socket is destroyed (a FIN/RST, no more reading). */
-  leave(): void {
-    this.socket.destroy();
+  /**
+   * The client leaves: the socket is reset (RST), as the kernel does for a closed tab or a killed
+   * process with data still unread. workerd sees a departure only as a hang-up: its HTTP server
+   * cancels the request when the socket reports EPOLLHUP/EPOLLERR (kj HttpServer::listenHttpImpl,
+   * whenWriteDisconnected); a FIN alone is a half-close, which HTTP/1.1 allows a client that still
+   * reads, so a FIN-only close is not seen until a write fails (docs/testing.md, "Clients that
+   * leave"). On that cancel workerd aborts request.signal (worker-entrypoint.c++).
+   */
+  leave(how: "reset" | "fin" = "reset"): void {
+    // "fin": the socket closed in order (a FIN; what a client that read everything it wanted does):
+    // the router sees it only when its next write to the socket fails
+    if (how === "fin") this.socket.destroy();
+    else this.socket.resetAndDestroy();
   }
 
   /** The response so far: status, headers, body (chunked encoding undone when complete). */
