@@ -86,6 +86,10 @@ export function agenticConfig(options) {
     configsFile: stringOption(options, 'configs'),
     only: only ? only.split(',').map((s) => s.trim()) : undefined,
     engine: engineOverrides(options),
+    // --stream: the clients stream their answers (as a client measuring TTFT does). The router
+    // learns transfers and holds a predicted TTFT against D's first event only in a stream: a
+    // non-streamed answer's first byte is its last (docs/predicted.md)
+    stream: options.stream === true,
     quick,
   };
 }
@@ -126,7 +130,7 @@ export async function runAgentic(options) {
     });
     try {
       const started = performance.now();
-      const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions);
+      const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions, cfg.stream);
       const wallS = (performance.now() - started) / 1000;
       const stats = await stack.stats();
       const perRequest = await stack.requestStats();
@@ -228,8 +232,9 @@ export function edgeQueueMs(header) {
  * @param {import('../lib/harness.mjs').Stack} stack
  * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace
  * @param {number} timeScale @param {string} tag @param {number} [maxInflightSessions] 0: no cap
+ * @param {boolean} [stream] the clients stream their answers (--stream)
  */
-async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0) {
+async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, stream = false) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
   const t0 = stack.simNowMs();
   /** wait until the cluster's clock reaches t0 + ms (simulated) */
@@ -257,7 +262,7 @@ async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0) {
       // request never reached the router (http-client.mjs isDevProxyGlitch); counted
       const res = await postJsonRetrying(
         `${stack.router.url}/v1/completions`,
-        { model: 'sim-model', prompt: promptOfTraceRequest(r), max_tokens: r.output_length, stream: false },
+        { model: 'sim-model', prompt: promptOfTraceRequest(r), max_tokens: r.output_length, stream },
         { agent, headers: { 'x-request-id': id, 'x-session-id': `${tag}-s${r.session}` } },
       );
       const error = res.error ?? (res.status === 200 ? undefined : `HTTP ${res.status}: ${JSON.stringify(res.json ?? '').slice(0, 200)}`);

@@ -48,6 +48,13 @@ export const MULTITURN_CONFIGS = {
     decode: 2,
     label: 'P+D affinity, conditional, localPrefillTokens 4096',
   },
+  // predicted disaggregation (issue 23, SPEC 9): each turn decides by predicted TTFT between P then D and D alone
+  pd_affinity_predicted: {
+    policy: { prefill: 'affinity', decode: 'affinity', disaggregation: 'predicted' },
+    prefill: 2,
+    decode: 2,
+    label: 'P+D affinity, predicted disaggregation',
+  },
   isolation_1p1d: { policy: { prefill: 'affinity', decode: 'affinity' }, prefill: 1, decode: 1, label: '1P+1D isolation baseline', loadShare: 0.5 },
 };
 const DEFAULT_CONFIGS = ['round_robin', 'p_affinity', 'pd_affinity', 'isolation_1p1d'];

@@ -10,7 +10,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { listOption, numberOption } from '../lib/args.mjs';
+import { ALL_POLICIES, listOption, numberOption } from '../lib/args.mjs';
 import { countKinds, failureKind } from '../lib/failures.mjs';
 import { freePort, onShutdown, policyFor, startSimCluster, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { createAgent, postJson, postJsonRetrying, runPool } from '../lib/http-client.mjs';
@@ -19,12 +19,29 @@ import { formatNumber, markdownTable } from '../lib/report.mjs';
 import { drainTimes, percentile, ratio, round } from '../lib/stats.mjs';
 import { startWorkerd } from '../lib/workerd.mjs';
 
-const ENGINES = [
-  { id: 'p0', role: /** @type {const} */ ('prefill') },
-  { id: 'p1', role: /** @type {const} */ ('prefill') },
-  { id: 'd0', role: /** @type {const} */ ('decode') },
-  { id: 'd1', role: /** @type {const} */ ('decode') },
-];
+/** `--nodes N`: N/2 prefill and N/2 decode engines (default 4: 2P+2D). @param {number} n */
+export function enginesOf(n) {
+  const half = Math.max(1, Math.floor(n / 2));
+  return [
+    ...Array.from({ length: half }, (_, i) => ({ id: `p${i}`, role: /** @type {const} */ ('prefill') })),
+    ...Array.from({ length: half }, (_, i) => ({ id: `d${i}`, role: /** @type {const} */ ('decode') })),
+  ];
+}
+
+const DISAGGREGATIONS = ['always', 'conditional', 'predicted'];
+
+/**
+ * A router target of `--policy`: a policy, or `policy/disaggregation` (e.g. `cache_aware/predicted`,
+ * to set the decision's cost beside `cache_aware/conditional` in one run).
+ * @param {string} target
+ */
+export function targetPolicy(target) {
+  const [policy, disaggregation] = target.split('/');
+  if (!ALL_POLICIES.includes(/** @type {string} */ (policy))) throw new Error(`--policy: unknown ${policy} (one of ${ALL_POLICIES.join(', ')})`);
+  if (disaggregation !== undefined && !DISAGGREGATIONS.includes(disaggregation))
+    throw new Error(`--policy: unknown disaggregation ${disaggregation} in ${target} (one of ${DISAGGREGATIONS.join(', ')})`);
+  return policyFor(/** @type {string} */ (policy), disaggregation ? { disaggregation } : {});
+}
 
 /**
  * The prefill leg's body, by the field rules of SPEC 4 (vllm).
@@ -96,7 +113,7 @@ export async function startProxy(target, engines, vars = {}) {
         : await startWorkerd({
             ...common,
             vars,
-            clusterDocument: { protocol: 'vllm', policy: policyFor(target), nodes: list.map((e) => ({ id: e.id, url: e.url, role: e.role })) },
+            clusterDocument: { protocol: 'vllm', policy: targetPolicy(target), nodes: list.map((e) => ({ id: e.id, url: e.url, role: e.role })) },
           });
   } catch (error) {
     rmSync(persistDir, { recursive: true, force: true });
@@ -164,7 +181,10 @@ export function levelRatios(router, baseline, direct) {
 
 /** @param {Record<string, string | true>} options */
 export async function runOverhead(options) {
-  const policies = listOption(options);
+  // each a policy or policy/disaggregation (targetPolicy)
+  const targets = ALL_POLICIES.flatMap((p) => [p, ...DISAGGREGATIONS.map((d) => `${p}/${d}`)]);
+  const policies = listOption(options, 'policy', targets, ALL_POLICIES);
+  const engines = enginesOf(numberOption(options, 'nodes', 4));
   const levels = String(options.levels ?? '1,16,64')
     .split(',')
     .map(Number);
@@ -193,7 +213,7 @@ export async function runOverhead(options) {
   });
 
   if (!options['memory-only']) {
-    const cluster = await startSimCluster({ engines: ENGINES, defaults: { timeScale: 0 } });
+    const cluster = await startSimCluster({ engines, defaults: { timeScale: 0 } });
     const unregister = onShutdown(() => cluster.close());
     const baseline = await startProxy('baseline', cluster.engines);
     try {

@@ -1,3 +1,4 @@
+import { rendezvousUnit } from "../routing/hash";
 import { nodePools } from "./pools";
 import type { SignalSettings } from "./cluster-view";
 import { type ClusterConfig, type ConfigDefaults, DEFAULT_NODES_PER_POLLER, DEFAULT_SHARD_ABOVE, type Problem } from "./schema";
@@ -44,6 +45,27 @@ export function pollerCount(nodes: number, s: Pick<SignalSettings, "shardAbove" 
 }
 
 /**
+ * Each node to the poller with the highest rendezvous score of (node id, poller index): adding or
+ * removing a node moves only that node, and adding a poller moves about 1/k of the nodes, all to it.
+ */
+export function assignPollers<T extends { id: string }>(nodes: readonly T[], count: number): T[][] {
+  const shards: T[][] = Array.from({ length: count }, () => []);
+  for (const node of nodes) {
+    let best = 0;
+    let bestScore = -1;
+    for (let i = 0; i < count; i++) {
+      const score = rendezvousUnit(node.id, `poller:${i}`);
+      if (score > bestScore) {
+        bestScore = score;
+        best = i;
+      }
+    }
+    shards[best]?.push(node);
+  }
+  return shards;
+}
+
+/**
  * The most subrequests one run of a pool's alarm sends: a probe slice and a poll slice due
  * together; sharded, a call to each poller instead of the poll slice (and a poller's own run
  * sends a slice of its share, fewer than the pool's).
@@ -52,6 +74,19 @@ export function alarmSubrequests(nodes: number, c: Pick<ClusterConfig, "health" 
   const slice = (period: number) => Math.ceil(nodes / slicesFor(nodes, period));
   const pollers = pollerCount(nodes, c.signals);
   return slice(c.health.intervalMs) + (pollers > 0 ? pollers : slice(c.signals.intervalMs));
+}
+
+/**
+ * The most subrequests one run of a poller's alarm sends (src/state/signal-poller.ts): a slice of
+ * its share of the nodes' /metrics polls and one push of the readings to the pool's object (a
+ * Durable Object call, counted as a subrequest to be safe). 0 while the pool is not sharded. The
+ * shares follow the same rendezvous split the pool's object uses, so the largest is the one named.
+ */
+export function pollerRunSubrequests(nodes: readonly { id: string }[], c: Pick<ClusterConfig, "signals">): number {
+  const count = pollerCount(nodes.length, c.signals);
+  if (count === 0) return 0;
+  const largest = Math.max(...assignPollers(nodes, count).map((shard) => shard.length));
+  return Math.ceil(largest / slicesFor(largest, c.signals.intervalMs)) + 1;
 }
 
 /** Nodes one GET /v1/models asks (each URL once): those without a `models` list. */
@@ -73,6 +108,16 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
       message:
         `${pool.nodes.length} nodes in one pool make its alarm send up to ${need} subrequests a run (a slice of the probes, and a slice of the /metrics polls or, sharded, a call to each poller object), ${allows}: ` +
         "lengthen health.intervalMs and signals.intervalMs (a longer period spreads the nodes over more one-second sub-ticks), split the nodes into pools by model, or use a plan that allows more",
+    });
+  }
+  for (const pool of nodePools(config)) {
+    const need = pollerRunSubrequests(pool.nodes, config);
+    if (need <= plan.limit) continue;
+    problems.push({
+      path: "signals.nodesPerPoller",
+      message:
+        `each poller object of a pool of ${pool.nodes.length} nodes would send up to ${need} subrequests a run (a slice of its share of the /metrics polls and one push to the pool's object), ${allows}: ` +
+        "lower signals.nodesPerPoller (more pollers, fewer nodes each) or lengthen signals.intervalMs",
     });
   }
   const asks = modelsSubrequests(config);

@@ -83,7 +83,7 @@ export interface ClusterSnapshot {
   /** routing precision per pool, last 15 minutes: follow-up turns judged and those that landed on their prefix */
   precision?: Array<{ pool: string; followUps: number; precise: number }>;
   /** sharded polling (docs/scaling.md): each poller object, its nodes, and how long since it last pushed readings (or was assigned); absent while the pool's object polls */
-  pollers?: Array<{ poller: number; nodes: number; silentMs: number }>;
+  pollers?: Array<{ poller: number; nodes: number; silentMs: number; pool?: string }>;
   now: number;
 }
 

@@ -297,7 +297,16 @@ export async function readClusterStatus(
     pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0]), history) : whole.snapshot(undefined, history),
     ...(pools.length > 1 ? pools.map((p) => clusterState(env, p.key).snapshot(clusterView(config.config!, config.version, p), history)) : []),
   ]);
-  return { config, snapshot: mergeSnapshots(wholeSnapshot, poolSnapshots), keys };
+  // a pool's pollers are named with the pool they poll for (the merged snapshot lists them all)
+  const named = (snap: ClusterSnapshot, pool: string): ClusterSnapshot => (snap.pollers ? { ...snap, pollers: snap.pollers.map((p) => ({ ...p, pool })) } : snap);
+  return {
+    config,
+    snapshot: mergeSnapshots(
+      pools.length === 1 ? named(wholeSnapshot, pools[0]!.key) : wholeSnapshot,
+      poolSnapshots.map((snap, i) => named(snap, pools[i]!.key)),
+    ),
+    keys,
+  };
 }
 
 /** The whole cluster's snapshot with the pools' nodes, leases and counters added (pools share no node). */
@@ -343,6 +352,7 @@ export function mergeSnapshots(whole: ClusterSnapshot, pools: ClusterSnapshot[])
     history: mergeHistory(pools.map((p) => p.history)),
     prediction: histogram((s) => s.prediction ?? emptyHistogram(PREDICTION_RATIO_BOUNDS)),
     precision: pools.flatMap((p) => p.precision ?? []),
+    pollers: pools.flatMap((p) => p.pollers ?? []),
     now: Math.max(...all.map((s) => s.now)),
   };
 }

@@ -155,8 +155,10 @@ async function forwardLegs(env: Env, one: BodyToRoute, life: RequestLife, config
 /** What D's answer (before its body) teaches: P's usage, the TTFT the prediction is held against, the timings. */
 function recordAnswer(life: RequestLife, answer: DecodeAnswer, oneHop: boolean): void {
   if (!oneHop) reportPrefillUsage(life, answer);
-  // P's answer when it ran first, then D's first byte: what the predicted TTFT is held against
-  life.observe({ ttftMs: answer.prefillMs + answer.decodeMs });
+  // P's answer when it ran first, then D's first event: what the predicted TTFT is held against and
+  // the transfer is learned from. Only a stream's: a non-streamed answer's first byte is its last,
+  // after the whole decode (taken as a TTFT it taught transfers the length of every answer)
+  if (answer.body.kind === "stream") life.observe({ ttftMs: answer.prefillMs + answer.decodeMs });
   life.timings.decodeMs = answer.decodeMs;
   if (answer.prefillMs) life.timings.prefillMs = answer.prefillMs;
 }

@@ -75,6 +75,8 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
       prefix: snapshot.prefix,
       // SPEC 9: follow-up turns that landed on a node holding their prefix, per pool, last 15 minutes
       precision: snapshot.precision ?? [],
+      // sharded /metrics polling (docs/scaling.md): each poller object, its pool, its nodes and how long since it pushed
+      pollers: snapshot.pollers ?? [],
       // cumulative histograms (seconds): the page derives p50/p99 over its own recent window
       latency: snapshot.latency,
       leases: snapshot.leases,

@@ -1,4 +1,3 @@
-import { rendezvousUnit } from "../routing/hash";
 import type { EngineReading } from "./engine-metrics";
 import type { ReachableNode } from "./node-fetch";
 
@@ -43,26 +42,8 @@ export type PushAnswer = "ok" | "stale_version";
 /** The poller object's name for the pool object `pool` (its id) and index `i`. */
 export const pollerName = (pool: string, i: number): string => `${pool}/poller:${i}`;
 
-/**
- * Each node to the poller with the highest rendezvous score of (node id, poller index): adding or
- * removing a node moves only that node, and adding a poller moves about 1/k of the nodes, all to it.
- */
-export function assignPollers<T extends { id: string }>(nodes: readonly T[], count: number): T[][] {
-  const shards: T[][] = Array.from({ length: count }, () => []);
-  for (const node of nodes) {
-    let best = 0;
-    let bestScore = -1;
-    for (let i = 0; i < count; i++) {
-      const score = rendezvousUnit(node.id, `poller:${i}`);
-      if (score > bestScore) {
-        bestScore = score;
-        best = i;
-      }
-    }
-    shards[best]?.push(node);
-  }
-  return shards;
-}
+// which poller polls which node: the plan check counts a poller's run by the same split
+export { assignPollers } from "../config/plan";
 
 /**
  * Per node, the newest (at, seq) the pool object took: a reading not newer is dropped (a poller's

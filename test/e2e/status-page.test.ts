@@ -62,7 +62,9 @@ describe("status page in a browser", () => {
         policy: { prefill: "round_robin", decode: "round_robin" },
         // probe every second (the shortest interval allowed), one failed probe marks a node down
         health: { intervalMs: 1000, probeTimeoutMs: 500, downAfter: 1, upAfter: 1 },
-        signals: { intervalMs: 1000, staleMs: 5000 },
+        // sharded polling forced on (docs/scaling.md): two SignalPoller objects poll the four
+        // nodes' /metrics and push the readings, so the KV chart below is drawn from them
+        signals: { intervalMs: 1000, staleMs: 5000, shardAbove: 3, nodesPerPoller: 2 },
         nodes: [
           { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
           { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
@@ -121,6 +123,11 @@ describe("status page in a browser", () => {
     const modes = await page.locator("#modes tr").evaluateAll((trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
     expect(modes.map((r) => r.slice(0, 2))).toEqual([["disaggregated", "always"]]);
     expect(Number(modes[0]![2])).toBeGreaterThanOrEqual(4);
+    // the poller objects, each with its nodes and how long since it pushed readings
+    await page.locator("#pollers", { hasText: "poller 1" }).waitFor();
+    const pollers = (await page.locator("#pollers").textContent()) ?? "";
+    expect(pollers).toMatch(/^Signal pollers \(sharded \/metrics polling\): poller 0: \d nodes, last push [\d.]+ s ago; poller 1: \d nodes, last push [\d.]+ s ago$/);
+    expect([...pollers.matchAll(/(\d) nodes/g)].reduce((n, m) => n + Number(m[1]), 0)).toBe(4);
     // the token lives in this tab's session storage, never in the URL
     expect(page.url()).not.toContain(ADMIN_TOKEN);
 

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { countKinds, failureKind } from '../../bench/lib/failures.mjs';
 import { parseProcStat } from '../../bench/lib/proc.mjs';
 import { drainTimes, ratio } from '../../bench/lib/stats.mjs';
-import { headline, levelRatios, overheadTables, pathFigures } from '../../bench/scenarios/overhead.mjs';
+import { enginesOf, headline, levelRatios, overheadTables, pathFigures, targetPolicy } from '../../bench/scenarios/overhead.mjs';
 
 const HUNG =
   "The Workers runtime canceled this request because it detected that your Worker's code had hung and would never generate a response. Refer to: https://developers.cloudflare.com/workers/observability/errors/";
@@ -95,5 +95,18 @@ describe('overhead report shape', () => {
     expect(table).toContain('| round_robin | 16 | 1 / 2 (2x) |');
     expect(table).toContain('| round_robin | 16 | router | 500 runtime canceled: code had hung | 1 |');
     expect(table).toContain('| baseline | 10 (10) | 1 | 2 | 100 | 10 / 20 | 0 |');
+  });
+});
+
+describe('overhead at many nodes, per disaggregation', () => {
+  it('--nodes N gives N/2 P and N/2 D; a target names a policy and, after a slash, the disaggregation', () => {
+    const engines = enginesOf(64);
+    expect(engines.filter((e) => e.role === 'prefill').map((e) => e.id)).toEqual(Array.from({ length: 32 }, (_, i) => `p${i}`));
+    expect(engines.filter((e) => e.role === 'decode')).toHaveLength(32);
+    expect(enginesOf(4).map((e) => e.id)).toEqual(['p0', 'p1', 'd0', 'd1']);
+    expect(targetPolicy('cache_aware/predicted')).toEqual({ prefill: 'cache_aware', decode: 'cache_aware', disaggregation: 'predicted' });
+    expect(targetPolicy('round_robin')).toEqual({ prefill: 'round_robin', decode: 'round_robin' });
+    expect(() => targetPolicy('cache_aware/sometimes')).toThrow(/unknown disaggregation sometimes/);
+    expect(() => targetPolicy('fastest')).toThrow(/unknown fastest/);
   });
 });

@@ -194,6 +194,48 @@ describe("learned rates", () => {
     expect(route).toMatchObject({ mode: "local", reason: "predicted", decode: { id: "d0" } });
   });
 
+  it("a non-streamed answer teaches no transfer and no TTFT: its first byte is its last (the whole decode), a stream's first event is its first token", async () => {
+    await putNodes(
+      [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+      ],
+      predicted(),
+    );
+    await poll();
+    const d0 = async () => (await snapshot()).nodes.find((n) => n.id === "d0")!.rates!;
+    const finished = async () => (await snapshot()).requests.reduce((n: number, r: { count: number }) => n + r.count, 0);
+    // D's learned transfer: a fixed hand-off and ms a token (/v1/route shows both)
+    const transfer = async () => {
+      const d = byId((await explain(conversation("probe")(1))).candidates.decode).d0;
+      return { handoffMs: d.handoffMs, perGB: (await d0()).transferMsPerGB };
+    };
+    const prior = await transfer();
+    // 2,000 tokens decoded before D's JSON answer leaves (hundreds of real ms at the rig's time
+    // scale, against a prior transfer of ~40 ms for this prompt): taken as a TTFT, all of it was
+    // learned as D's transfer
+    for (let i = 0; i < 4; i++) {
+      const res = await post("/v1/chat/completions", { ...conversation(`whole-${i}`)(1), max_tokens: 2000 });
+      expect(res.status).toBe(200);
+      await res.text();
+    }
+    // the finish reports travel in waitUntil: all four counted, and nothing learned of the transfer
+    await waitFor("four finish reports", finished, (n) => n >= 4);
+    expect(await transfer()).toEqual(prior);
+    expect((await snapshot()).prediction?.count ?? 0).toBe(0);
+    // a stream: D's first event is its first token, a TTFT to learn from and to hold the prediction against
+    const res = await post("/v1/chat/completions", { ...conversation("streamed")(1), max_tokens: 120, stream: true });
+    expect(res.status).toBe(200);
+    await res.text();
+    expect(
+      await waitFor(
+        "the stream's finish report",
+        async () => (await snapshot()).prediction?.count ?? 0,
+        (n) => n === 1,
+      ),
+    ).toBe(1);
+  });
+
   it("a stream's pace teaches D's decode step (the gaps between its events, as the relay passes them)", async () => {
     await putNodes(
       [

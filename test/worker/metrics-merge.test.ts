@@ -41,6 +41,10 @@ describe("the pools' snapshots as one", () => {
     prefix: { prefillEntries: 10, decodeEntries: 4, maxEntries: 100, lookedUpBlocks: 8, matchedBlocks: 2 },
     latency: { ttfb: histogram([1, 2], 1.5), prefill: histogram([3, 0], 0.2) },
     admission: { queued: 1, wait: histogram([1, 0], 0.05), rejected: [{ reason: "timeout", count: 1 }] },
+    pollers: [
+      { poller: 0, nodes: 140, silentMs: 100, pool: "pool:m1" },
+      { poller: 1, nodes: 120, silentMs: 9_000, pool: "pool:m1" },
+    ],
     now: 7,
   });
   const b = snapshot({
@@ -54,6 +58,7 @@ describe("the pools' snapshots as one", () => {
     prefix: { prefillEntries: 5, decodeEntries: 6, maxEntries: 100, lookedUpBlocks: 4, matchedBlocks: 4 },
     latency: { ttfb: histogram([0, 1], 0.5), prefill: histogram([1, 1], 0.6) },
     admission: { queued: 0, wait: histogram([0, 1], 0.5), rejected: [{ reason: "timeout", count: 2 }] },
+    pollers: [{ poller: 0, nodes: 130, silentMs: 400, pool: "pool:m2" }],
     now: 6,
   });
   const merged = mergeSnapshots(whole, [a, b]);
@@ -80,6 +85,14 @@ describe("the pools' snapshots as one", () => {
     expect(merged.admission.queued).toBe(1);
     expect(merged.latency.ttfb).toEqual({ bounds: [0.1, 1], counts: [1, 3], sum: 2, count: 4 });
     expect(merged.now).toBe(7);
+  });
+
+  it("lists every pool's signal pollers, each named with its pool (the status page shows them)", () => {
+    expect(merged.pollers).toEqual([
+      { poller: 0, nodes: 140, silentMs: 100, pool: "pool:m1" },
+      { poller: 1, nodes: 120, silentMs: 9_000, pool: "pool:m1" },
+      { poller: 0, nodes: 130, silentMs: 400, pool: "pool:m2" },
+    ]);
   });
 
   it("lists every (mode, reason) at 0 before any was counted, and a counted one in its place", () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { alarmSubrequests, withPlanLimits } from "../../src/config/plan";
+import { alarmSubrequests, assignPollers, pollerRunSubrequests, withPlanLimits } from "../../src/config/plan";
 import { parseClusterDocument } from "../../src/config/schema";
 
 // Cloudflare counts subrequests per invocation: Workers Free 50 external ones, Workers Paid 10,000
@@ -39,6 +39,24 @@ describe("the plan check refuses a document too large for the Workers plan", () 
     expect(problems[0]!.message).toMatch(/512 nodes in one pool make its alarm send up to 56 subrequests a run/);
     expect(problems[0]!.message).toMatch(/health\.intervalMs and signals\.intervalMs/);
     expect(problemsOf({ nodes: nodes(512, ["m"]), health: { intervalMs: 60_000 }, signals: { intervalMs: 60_000, staleMs: 180_000 } }, "free")).toEqual([]);
+  });
+
+  it("Free: a poller's own run counts too — one poller for 300 nodes would send 61 a run (a fifth of its 300 polls and one push): refused, naming signals.nodesPerPoller; 100 a poller fits", () => {
+    const many = nodes(300, ["m"]);
+    const one = { nodes: many, signals: { shardAbove: 100, nodesPerPoller: 300 } };
+    // the pool's own alarm stays within the plan (30 probes and one call to the poller)
+    expect(alarmSubrequests(300, { health: { intervalMs: 10_000 }, signals: { intervalMs: 5_000, shardAbove: 100, nodesPerPoller: 300 } } as never)).toBe(31);
+    expect(pollerRunSubrequests(many, { signals: { intervalMs: 5_000, shardAbove: 100, nodesPerPoller: 300 } } as never)).toBe(61);
+    const problems = problemsOf(one, "free");
+    expect(problems.map((p) => p.path)).toEqual(["signals.nodesPerPoller"]);
+    expect(problems[0]!.message).toMatch(/each poller object of a pool of 300 nodes would send up to 61 subrequests a run/);
+    expect(problems[0]!.message).toMatch(/Workers Free plan.*\(50; WORKERS_PLAN var/);
+    // three pollers: the largest rendezvous share, a fifth of it a run, and the push
+    const largest = Math.max(...assignPollers(many, 3).map((s) => s.length));
+    expect(pollerRunSubrequests(many, { signals: { intervalMs: 5_000, shardAbove: 100, nodesPerPoller: 100 } } as never)).toBe(Math.ceil(largest / 5) + 1);
+    expect(problemsOf({ nodes: many, signals: { shardAbove: 100, nodesPerPoller: 100 } }, "free")).toEqual([]);
+    // not sharded: no poller runs at all
+    expect(pollerRunSubrequests(many, { signals: { intervalMs: 5_000, shardAbove: 1_000 } } as never)).toBe(0);
   });
 
   it("Paid (the default when WORKERS_PLAN is unset): 512 nodes without models lists fit", () => {

@@ -108,7 +108,11 @@ describe("the prediction's receipt", () => {
     const route = await (await post("/v1/route", conversation("receipt")(1))).json<any>();
     expect(route.predictedTtftMs).toBeGreaterThan(0);
     expect(route.candidates.decode[0]).toMatchObject({ id: "d0", predictedTtftMs: expect.any(Number), decodeStepMs: expect.any(Number) });
-    await send(conversation("receipt")(1));
+    // streamed: D's first event is the first token, the TTFT the prediction is held against (a
+    // non-streamed answer's first byte is its last, and is not counted)
+    const res = await post("/v1/chat/completions", { ...conversation("receipt")(1), stream: true });
+    expect(res.status).toBe(200);
+    await res.text();
     const deadline = Date.now() + 5000;
     while (((await metric("pd_router_ttft_prediction_ratio_count")) ?? 0) < 1 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
     expect(await metric("pd_router_ttft_prediction_ratio_count")).toBe(1);

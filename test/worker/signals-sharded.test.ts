@@ -1,6 +1,7 @@
 import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { pollerCount } from "../../src/config/plan";
+import { readClusterStatus } from "../../src/observability/metrics";
 import { assignPollers, NewestReadings, pollerName } from "../../src/state/poller-shards";
 import { chatBody, explain, frontStats, kv, nodeUrl, post, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
 
@@ -122,6 +123,9 @@ describe("readings from poller objects", () => {
     expect(pollers.map((p) => p.poller)).toEqual([0, 1, 2]);
     expect(pollers.reduce((sum, p) => sum + p.nodes, 0)).toBe(NODES.length);
     expect(pollers.every((p) => p.silentMs < 5_000)).toBe(true);
+    // what /status.json and the status page get: the same pollers, named with their pool
+    const status = (await readClusterStatus(env as never)).snapshot;
+    expect(status.pollers!.map((p) => [p.pool, p.poller, p.nodes])).toEqual(pollers.map((p) => ["cluster", p.poller, p.nodes]));
 
     const route = await explain(chatBody("explain"));
     const byId = Object.fromEntries(route.candidates.decode.map((c: any) => [c.id, c]));
