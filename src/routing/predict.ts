@@ -70,6 +70,12 @@ export interface PredictedNode {
   prefillRequests: number;
   /** the engine's waiting requests (projected), null without a fresh poll */
   waiting: number | null;
+  /**
+   * the node serves only as D: a waiting request the router did not send it as a prefill is a
+   * decode leg waiting for its KV (vLLM's WAITING_FOR_REMOTE_KVS) — a pull ahead of this one on
+   * D's link, not a prompt to prefill; absent or false: each is taken as a prompt's prefill
+   */
+  decodeOnly?: boolean;
   /** sequences decoding on the node */
   decoding: number;
 }
@@ -80,10 +86,18 @@ export interface RequestSize {
   uncachedTokens: number;
 }
 
-/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (each taken as this prompt). */
+/** Waiting requests on the node that the router did not send it as prefills (each taken as this prompt's size). */
+const unknownWaiting = (n: PredictedNode): number => (n.waiting === null ? 0 : Math.max(0, n.waiting - n.prefillRequests));
+
+/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (each taken as this prompt; none on a decode-only node). */
 export function queuedTokens(n: PredictedNode, size: RequestSize): number {
-  const unknown = n.waiting === null ? 0 : Math.max(0, n.waiting - n.prefillRequests);
-  return Math.max(0, n.prefillTokens) + unknown * Math.max(0, size.promptTokens);
+  return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaiting(n) * Math.max(0, size.promptTokens));
+}
+
+/** ms of the node's queue before this request: its prefill work, and on a decode-only node the pulls of the legs waiting for their KV. */
+function queueMsOf(n: PredictedNode, size: RequestSize, contextFactor: number): number {
+  const prefill = queuedTokens(n, size) * n.rates.prefillMsPerToken * contextFactor;
+  return n.decodeOnly ? prefill + unknownWaiting(n) * Math.max(0, size.promptTokens) * n.rates.transferMsPerToken : prefill;
 }
 
 /** ms of this request's own prefill on a node lacking `uncached` of its `prompt` tokens. */
@@ -97,8 +111,7 @@ export function ownPrefillMs(rates: NodeRates, size: RequestSize): number {
 export function prefillDoneMs(n: PredictedNode, size: RequestSize): number {
   const cached = Math.max(0, size.promptTokens - size.uncachedTokens);
   // the queue at this request's context: the requests of a pool are alike in size
-  const queueMs = queuedTokens(n, size) * n.rates.prefillMsPerToken * prefillContextFactor(cached);
-  return queueMs + ownPrefillMs(n.rates, size);
+  return queueMsOf(n, size, prefillContextFactor(cached)) + ownPrefillMs(n.rates, size);
 }
 
 /** Predicted TTFT of P then D: P prefills, D pulls what it lacks, D's queue drains meanwhile, D steps once. */
@@ -119,7 +132,7 @@ export interface DecodeSide {
 export function decodeSide(d: PredictedNode, onD: RequestSize): DecodeSide {
   return {
     transferMs: d.rates.handoffMs + Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
-    queueMs: queuedTokens(d, onD) * d.rates.prefillMsPerToken,
+    queueMs: queueMsOf(d, onD, 1),
     stepMs: stepMsOf(d),
   };
 }

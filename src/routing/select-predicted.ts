@@ -148,12 +148,13 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
   });
   const optionsOf = (r: Ranked, pool: Pool): CandidateNode[] =>
     [r.decision.id, ...r.preferred.filter((id) => id !== r.decision.id)].map((id) => nodeById(pool.nodes, id)).filter((n): n is CandidateNode => n !== undefined);
+  const prefillIds = new Set(prefillPool.nodes.map((n) => n.id));
   const answer = choosePredicted({
     prefills: optionsOf(prefill, prefillPool).map((n) => ({ id: n.id, group: n.group, node: predictedNode(n), size: sizeOn(n, "prefill") })),
     decodes: optionsOf(decode.value, decodePool).map((n) => ({
       id: n.id,
       group: n.group,
-      node: predictedNode(n),
+      node: predictedNode(n, !prefillIds.has(n.id)),
       size: sizeOn(n, "decode"),
       localPrefill: n.localPrefill === true,
       kvUsage: n.signals?.kvUsage ?? null,
@@ -194,13 +195,14 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
 }
 
 /** The node as the prediction reads it: its rates (the defaults' without learned ones), its queue, its decoding sequences. */
-function predictedNode(n: CandidateNode): PredictedNode {
+function predictedNode(n: CandidateNode, decodeOnly = false): PredictedNode {
   return {
     rates: n.rates ?? DEFAULT_RATES,
     prefillTokens: n.prefillTokens ?? 0,
     prefillRequests: n.prefillRequests ?? 0,
     waiting: n.signals?.queue ?? null,
     decoding: n.decoding ?? 0,
+    ...(decodeOnly ? { decodeOnly } : {}),
   };
 }
 

@@ -42,7 +42,7 @@ beforeEach(async () => {
 });
 
 describe("predicted: the D predicted soonest, not the one holding the most of the prompt", () => {
-  it("a warm D with a long queue of prefill work is passed over for a cold one predicted faster", async () => {
+  it("a warm D with a long queue is passed over for a cold one predicted faster", async () => {
     await putNodes(
       [
         { id: "p0", role: "prefill" },
@@ -59,7 +59,8 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     const idle = await explain(turn(2));
     expect(idle).toMatchObject({ reason: "predicted", decode: { id: warm } });
 
-    // the warm D's engine has 40 requests waiting: its prefill queue delays this turn's first token
+    // the warm D's engine has 40 requests waiting (decode legs the router did not send there: KV
+    // pulls ahead of this turn's on D's link) that delay this turn's first token
     await setMetrics(warm, kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
     await poll();
     const route = await explain(turn(2));

@@ -65,6 +65,23 @@ describe("predicted TTFT (pure)", () => {
     expect(remoteTtftMs(node(), onP, longQueue, warmD)).toBeGreaterThan(remoteTtftMs(node(), onP, node(), warmD) * 2);
   });
 
+  it("on a decode-only node, a waiting request the router did not send is a KV pull ahead (its transfer), not a prompt to prefill", () => {
+    const size = { promptTokens: 8000, uncachedTokens: 8000 };
+    const waiting = node({ waiting: 10, decodeOnly: true });
+    const asPrefills = node({ waiting: 10 });
+    // ten pulls of this prompt's size on D's link, against ten prefills of it
+    expect(prefillDoneMs(waiting, size) - prefillDoneMs(node(), size)).toBeCloseTo(10 * 8000 * rates.transferMsPerToken);
+    expect(prefillDoneMs(asPrefills, size) - prefillDoneMs(node(), size)).toBeCloseTo(10 * 8000 * rates.prefillMsPerToken);
+    // D's part of a pair: its queue is those pulls, and still delays the first token past P's prefill when long
+    const onP = { promptTokens: 8000, uncachedTokens: 8000 };
+    const warmD = { promptTokens: 8000, uncachedTokens: 0 };
+    const manyPulls = node({ waiting: 2000, decodeOnly: true });
+    expect(remoteTtftMs(node(), onP, manyPulls, warmD)).toBeCloseTo(2000 * 8000 * rates.transferMsPerToken + rates.decodeStepMs);
+    // the router's own prefills on D (local prefills) are prefill work there whatever the role
+    const localOnD = node({ prefillTokens: 50_000, prefillRequests: 5, waiting: 5, decodeOnly: true });
+    expect(prefillDoneMs(localOnD, size) - prefillDoneMs(node(), size)).toBeCloseTo(50_000 * rates.prefillMsPerToken);
+  });
+
   it("a local prefill harms each sequence decoding there by its own prefill time", () => {
     const size = { promptTokens: 2000, uncachedTokens: 1000 };
     expect(localPrediction(node(), size).harmMs).toBe(0);
