@@ -34,6 +34,7 @@ import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { SEED002, comparePairs, comparisonsTable } from '../lib/seeds.mjs';
 import { routerMetrics, sumBy, total } from '../lib/prometheus.mjs';
+import { watchRelearn } from '../lib/relearn.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { promptOfTraceRequest } from '../lib/trace.mjs';
 
@@ -90,6 +91,11 @@ export function agenticConfig(options) {
     // learns transfers and holds a predicted TTFT against D's first event only in a stream: a
     // non-streamed answer's first byte is its last (docs/predicted.md)
     stream: options.stream === true,
+    // --slow-node p0 [--slow-factor 2] [--slow-at-s 60]: that engine's prefill made slower this many
+    // real seconds into each row's run, and how soon the router's learned rate shows it (bench/lib/relearn.mjs)
+    slowNode: stringOption(options, 'slow-node'),
+    slowFactor: numberOption(options, 'slow-factor', 2),
+    slowAtS: numberOption(options, 'slow-at-s', 60),
     quick,
   };
 }
@@ -130,14 +136,22 @@ export async function runAgentic(options) {
     });
     try {
       const started = performance.now();
+      const watch = cfg.slowNode
+        ? watchRelearn({ routerUrl: stack.router.url, controlUrl: stack.cluster.controlUrl, node: cfg.slowNode, preset: cfg.preset, factor: cfg.slowFactor, slowAtS: cfg.slowAtS })
+        : null;
       const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions, cfg.stream);
       const wallS = (performance.now() - started) / 1000;
+      const relearn = watch ? await watch.stop() : undefined;
+      if (relearn)
+        process.stderr.write(
+          `agentic ${c.name}: ${cfg.slowNode} slowed ${cfg.slowFactor}x at ${relearn.slowedAtS} s; learned rate ${relearn.rateBefore} tokens/s before, half way ${relearn.halfWayS} s after, within 25% of the new rate ${relearn.learnedS} s after\n`,
+        );
       const stats = await stack.stats();
       const perRequest = await stack.requestStats();
       const metrics = await routerMetrics(stack.router.url);
       process.stderr.write(`agentic ${c.name}: ${round(wallS, 1)} s\n`);
       const figures = agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale, metrics, trace.length);
-      return { ...figures, decodeKvCeiling: ceilingOf(trace, stats, cfg.maxInflightSessions, figures.tpotP90Ms), wallS: round(wallS, 1) };
+      return { ...figures, decodeKvCeiling: ceilingOf(trace, stats, cfg.maxInflightSessions, figures.tpotP90Ms), wallS: round(wallS, 1), ...(relearn ? { relearn } : {}) };
     } finally {
       await stack.close();
     }

@@ -2,6 +2,8 @@ import { describe, expect, it } from 'vitest';
 import { parsePrometheus, sumBy, total } from '../../bench/lib/prometheus.mjs';
 import { agenticFigures, edgeQueueMs, ttftBreakdown } from '../../bench/scenarios/agentic.mjs';
 import { predictionFigures, restartOption } from '../../bench/scenarios/trace.mjs';
+import { prefillMsPerTokenOf, relearnedAfterS } from '../../bench/lib/relearn.mjs';
+import { resolveModel } from '../../sim/presets.mjs';
 
 // The figures issue 17's proof reads: the router's /metrics, the edge wait a response reports,
 // where a request's time to first token went, and predicted vs reported cached tokens.
@@ -107,3 +109,26 @@ describe('agentic: the client’s time to first token', () => {
 function round4(x) {
   return Math.round(x * 10000) / 10000;
 }
+
+describe('a node made slower mid-run (agentic --slow-node)', () => {
+  it('finds the first sample after the slow-down at or below the share of the rate before', () => {
+    const samples = [
+      { t: 8, rate: 400 },
+      { t: 10, rate: 410 },
+      { t: 12, rate: 300 },
+      { t: 14, rate: 260 },
+      { t: 16, rate: 240 },
+    ];
+    // 400 / sqrt 2 = 283: 300 at 12 s is above it, 260 at 14 s below
+    expect(relearnedAfterS(samples, 10.5, 400, 1 / Math.SQRT2)).toBe(3.5);
+    expect(relearnedAfterS(samples, 10.5, 400, 1.25 / 2)).toBe(5.5);
+    // a low sample before the slow-down does not count; none low enough: null
+    expect(relearnedAfterS([{ t: 5, rate: 100 }, ...samples], 10.5, 400, 0.5)).toBeNull();
+  });
+
+  it("slows a seed002 engine's prefill by the factor through the simulator's prefillMsPerToken", () => {
+    const base = prefillMsPerTokenOf('seed002');
+    const slowed = resolveModel({ preset: 'seed002', prefillMsPerToken: base * 2 });
+    expect(slowed.cost.flopsPerMs).toBeCloseTo(resolveModel({ preset: 'seed002' }).cost.flopsPerMs / 2, -3);
+  });
+});
