@@ -19,6 +19,21 @@ export function prefillMsPerTokenOf(preset) {
 }
 
 /**
+ * A document `profile` (SPEC 9: the prior of the learned rates) from a preset's public figures, in
+ * the real time of a run at `timeScale` (real ms a simulated ms): its linear prefill rate, its decode
+ * step's fixed part and its link. What an operator would write from the hardware's specs.
+ * @param {string} preset @param {number} timeScale
+ */
+export function presetProfile(preset, timeScale) {
+  const f = resolveModel({ preset });
+  return {
+    prefillTokensPerS: Math.round(1000 / (prefillMsPerTokenOf(preset) * timeScale)),
+    decodeStepMs: Math.max(0.01, Math.round(f.cost.stepOverheadMs * timeScale * 100) / 100),
+    transferGBPerS: Math.round(f.linkBytesPerMs / 1e6 / timeScale),
+  };
+}
+
+/**
  * When the learned rate has come down to `share` of what it was before the slow-down: the first
  * sample after `slowedAt` at or below it, as seconds after `slowedAt`; null when none did.
  * @param {{ t: number, rate: number }[]} samples t: real seconds from the start

@@ -34,7 +34,7 @@ import { postJsonRetrying } from '../lib/http-client.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { SEED002, comparePairs, comparisonsTable } from '../lib/seeds.mjs';
 import { routerMetrics, sumBy, total } from '../lib/prometheus.mjs';
-import { watchRelearn } from '../lib/relearn.mjs';
+import { presetProfile, watchRelearn } from '../lib/relearn.mjs';
 import { mean, percentile, round } from '../lib/stats.mjs';
 import { promptOfTraceRequest } from '../lib/trace.mjs';
 
@@ -96,6 +96,9 @@ export function agenticConfig(options) {
     slowNode: stringOption(options, 'slow-node'),
     slowFactor: numberOption(options, 'slow-factor', 2),
     slowAtS: numberOption(options, 'slow-at-s', 60),
+    // --profile: the document's `profile` (the learned rates' prior, SPEC 9) from the preset's public
+    // figures at the run's time scale, as an operator sets it from the hardware (presetProfile)
+    profile: options.profile === true,
     quick,
   };
 }
@@ -128,6 +131,7 @@ export async function runAgentic(options) {
         ...file.document,
         protocol: c.protocol,
         policy: c.policy,
+        ...(cfg.profile ? { profile: presetProfile(cfg.preset, cfg.timeScale) } : {}),
         // requests of a minute or more are normal here: the router's defaults are 2 minutes a leg
         timeouts: { prefillMs: 600000, decodeFirstByteMs: 600000, decodeIdleMs: 600000, nonStreamMs: 21600000 },
         // a simulated P's Mooncake bootstrap server answers on its HTTP port

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { parsePrometheus, sumBy, total } from '../../bench/lib/prometheus.mjs';
 import { agenticFigures, edgeQueueMs, ttftBreakdown } from '../../bench/scenarios/agentic.mjs';
 import { predictionFigures, restartOption } from '../../bench/scenarios/trace.mjs';
-import { prefillMsPerTokenOf, relearnedAfterS } from '../../bench/lib/relearn.mjs';
+import { prefillMsPerTokenOf, presetProfile, relearnedAfterS } from '../../bench/lib/relearn.mjs';
 import { resolveModel } from '../../sim/presets.mjs';
 
 // The figures issue 17's proof reads: the router's /metrics, the edge wait a response reports,
@@ -130,5 +130,15 @@ describe('a node made slower mid-run (agentic --slow-node)', () => {
     const base = prefillMsPerTokenOf('seed002');
     const slowed = resolveModel({ preset: 'seed002', prefillMsPerToken: base * 2 });
     expect(slowed.cost.flopsPerMs).toBeCloseTo(resolveModel({ preset: 'seed002' }).cost.flopsPerMs / 2, -3);
+  });
+});
+
+describe('agentic --profile', () => {
+  it("writes the preset's prefill rate, step and link in the run's real time", () => {
+    const f = resolveModel({ preset: 'seed002' });
+    const p = presetProfile('seed002', 0.05);
+    expect(p.prefillTokensPerS).toBeCloseTo(1000 / (prefillMsPerTokenOf('seed002') * 0.05), -1);
+    expect(p.decodeStepMs).toBeCloseTo(f.cost.stepOverheadMs * 0.05, 2);
+    expect(p.transferGBPerS).toBe(Math.round(f.linkBytesPerMs / 1e6 / 0.05));
   });
 });
