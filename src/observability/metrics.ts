@@ -169,7 +169,11 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       "Learned KV transfer time to the node.",
       perNode((n) => (n.rates?.transferMsPerGB ?? 0) / 1000),
     ),
-    histogram("ttft_prediction_ratio", "Actual / predicted TTFT.", snapshot.prediction ?? emptyHistogram(PREDICTION_RATIO_BOUNDS)),
+    histogram(
+      "ttft_prediction_ratio",
+      "Actual / predicted TTFT of streamed requests (a non-streamed answer has no first token to time).",
+      snapshot.prediction ?? emptyHistogram(PREDICTION_RATIO_BOUNDS),
+    ),
     family(
       "routing_precision",
       "gauge",
