@@ -32,7 +32,7 @@
 //
 // `npm run bench -- tiers [--seconds 90] [--load 2] [--probe-seconds 30] [--probe-concurrency 48]
 //   [--unloaded-seconds 45] [--unloaded-load 0.25] [--seed 23] [--prompt-tokens 2048]
-//   [--output-tokens 32] [--decode-blocks 40] [--prefill-ms-per-token 0.02] [--kv-busy 0.9] [--queue-ms 5000]
+//   [--output-tokens 32] [--decode-blocks 40] [--prefill-ms-per-token 0.02] [--kv-busy 0.9] [--stale-ms 5000] [--queue-ms 5000]
 //   [--max-queued 64] [--quick] [--json bench/results/tiers.json]`
 import { mkdirSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -201,6 +201,7 @@ function settingsOf(options) {
     decodeBlocks: numberOption(options, 'decode-blocks', 40),
     prefillMsPerToken: numberOption(options, 'prefill-ms-per-token', 0.02),
     kvBusy: numberOption(options, 'kv-busy', 0.9),
+    staleMs: numberOption(options, 'stale-ms', 5000),
     queueMs: numberOption(options, 'queue-ms', 5000),
     maxQueued: numberOption(options, 'max-queued', 64),
   };
@@ -221,7 +222,7 @@ export async function runTiers(options) {
       protocol: 'vllm',
       policy: { prefill: 'least_load', decode: 'least_load' },
       // KV is the limit: a poll a second, the engine queue's threshold out of the way
-      signals: { intervalMs: 1000, staleMs: 3000, kvBusy: s.kvBusy, queueBusy: 64 },
+      signals: { intervalMs: 1000, staleMs: s.staleMs, kvBusy: s.kvBusy, queueBusy: 64 },
       admission: { queueMs: s.queueMs, maxQueued: s.maxQueued, fairShare: 'apiKey' },
       nodes: [...engines.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })),
     }),
@@ -295,6 +296,7 @@ export async function runTiers(options) {
     for (const key of KEYS) await send('w', key, 'default', performance.now());
     await sleep(2_500);
     // 1. capacity: a closed loop past the decode nodes' KV
+    const probeSignals = signalAges(stack);
     const probeStart = performance.now();
     const probeEnd = probeStart + s.probeSeconds * 1000;
     /** @type {Outcome[]} */
@@ -307,6 +309,7 @@ export async function runTiers(options) {
     const warmMs = (s.probeSeconds * 1000) / 5;
     const counted = probe.filter((o) => o.complete && o.sentAtMs + o.totalMs >= warmMs && o.sentAtMs + o.totalMs <= s.probeSeconds * 1000);
     const sustainable = counted.length / (s.probeSeconds - warmMs / 1000);
+    const capacitySignals = await probeSignals.stop();
     await idle(stack);
     // 2. unloaded
     const unloaded = await openLoop('u', s.unloadedLoad * sustainable, s.unloadedSeconds, s.seed * 7 + 1);
@@ -314,14 +317,16 @@ export async function runTiers(options) {
     // 3. overload
     const rejectedBefore = await rejectedNow();
     const arrivals = legArrivals(stack, 'tierso');
+    const overloadSignals = signalAges(stack);
     const overload = await openLoop('o', s.load * sustainable, s.seconds, s.seed * 7 + 3);
+    const signals = { capacity: capacitySignals, overload: await overloadSignals.stop() };
     const drained = await idle(stack);
     const rejectedAfter = await rejectedNow();
     const perLeg = await stack.requestStats();
     const upstream = upstreamCheck(perLeg, arrivals.stop(), overload);
     const engines = engineFigures(perLeg, [...probe, ...unloaded, ...overload]);
     writeOutcomes(stringOption(options, 'json'), [...probe, ...unloaded, ...overload]);
-    const result = tiersFigures({ s, probe, sustainable, unloaded, overload, upstream, drained, rejectedBefore, rejectedAfter, engines });
+    const result = tiersFigures({ s, probe, sustainable, unloaded, overload, upstream, drained, rejectedBefore, rejectedAfter, engines, signals });
     return { report: result, table: tiersTable(result), chart: tiersChart(result) };
   } finally {
     agent.destroy();
@@ -351,6 +356,35 @@ async function idle(stack) {
     await sleep(200);
   }
   return Number.NaN;
+}
+
+/**
+ * How old the decode nodes' engine signals were, read from /admin/status every second until
+ * `stop()`: without a reading younger than `signals.staleMs` the KV guard fails open (never busy),
+ * and the router sends whatever comes, the overload included, on to the engines.
+ * @param {import('../lib/harness.mjs').Stack} stack
+ */
+function signalAges(stack) {
+  let running = true;
+  const ages = /** @type {number[]} */ ([]);
+  let stale = 0;
+  const loop = (async () => {
+    while (running) {
+      const status = /** @type {any} */ (await (await fetch(`${stack.router.url}/admin/status`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json());
+      for (const n of status.nodes.filter((/** @type {any} */ x) => x.roles.includes('decode'))) {
+        ages.push(n.signals?.ageMs ?? Number.POSITIVE_INFINITY);
+        if (!n.signals?.projected) stale++;
+      }
+      await sleep(1000);
+    }
+  })();
+  return {
+    async stop() {
+      running = false;
+      await loop;
+      return { samples: ages.length, stale, ageP50Ms: round(percentile(ages, 50), 0), maxAgeMs: round(Math.max(0, ...ages), 0) };
+    },
+  };
 }
 
 /**
@@ -450,7 +484,7 @@ function engineFigures(perLeg, outcomes) {
 }
 
 /** The report from the phases' outcomes. @param {any} r */
-export function tiersFigures({ s, probe, sustainable, unloaded, overload, upstream, drained, rejectedBefore, rejectedAfter, engines = {} }) {
+export function tiersFigures({ s, probe, sustainable, unloaded, overload, upstream, drained, rejectedBefore, rejectedAfter, engines = {}, signals = null }) {
   const unloadedTiers = byTier(unloaded);
   const overloadTiers = byTier(overload);
   const shares = fairCounts(overload);
@@ -482,6 +516,7 @@ export function tiersFigures({ s, probe, sustainable, unloaded, overload, upstre
     overload: { ratePerS: round(s.load * sustainable, 2), requests: overload.length, tiers: overloadTiers, keys: shares, rejectedByReason, drainedMs: drained },
     upstream,
     engines,
+    signals,
     lost: lost.length,
     lostSamples: lost.slice(0, 5).map((o) => ({ id: o.id, status: o.status, code: o.code, error: o.error })),
     goals: {
@@ -577,7 +612,8 @@ export function tiersTable(r) {
     Object.entries(r.overload.rejectedByReason)
       .map(([k, v]) => `${k} ${v}`)
       .join(', ') || 'none';
-  const capacity = `Sustainable rate: ${r.capacity.sustainablePerS} completions/s (closed loop of ${r.capacity.concurrency} clients for ${r.capacity.seconds} s, ${r.capacity.completed} completed; time past the edge p50 ${r.capacity.e2eP50Ms} ms). Refusals in the overload by reason/tier (the router's /metrics): ${reasons}.`;
+  const ages = (/** @type {any} */ a) => (a ? `age p50 ${a.ageP50Ms} ms, max ${a.maxAgeMs} ms, stale (the guard open) in ${a.stale} of ${a.samples} samples` : 'not sampled');
+  const capacity = `Sustainable rate: ${r.capacity.sustainablePerS} completions/s (closed loop of ${r.capacity.concurrency} clients for ${r.capacity.seconds} s, ${r.capacity.completed} completed; time past the edge p50 ${r.capacity.e2eP50Ms} ms). Refusals in the overload by reason/tier (the router's /metrics): ${reasons}. The decode nodes' engine signals as the router held them, sampled each second: capacity phase ${ages(r.signals?.capacity)}; overload ${ages(r.signals?.overload)}.`;
   const inside = markdownTable(
     ['phase/tier (admitted)', 'P queue ms', 'D queue ms (KV wait)', 'D legs that waited for KV', 'D first token ms', 'TPOT ms'],
     Object.entries(r.engines ?? {}).map(([k, e]) => [k, e.prefillQueueMs, `${e.decodeQueueMs} (${e.decodeKvWaitMs})`, e.decodeKvWaitedShare, e.decodeFirstTokenMs, e.tpotMs]),
