@@ -20,7 +20,7 @@
 //      tier and key mix of phase 3: each tier's TTFT p90 is the reference.
 //   3. overload: Poisson arrivals at `--load` x C for `--seconds`: 20% `priority`, 30% `flex`,
 //      the rest `default`; keys k1..k4 send 50 / 25 / 15 / 10% of them.
-// Recorded per request (one JSON line each in `<json>-requests.jsonl`, not committed): key, tier,
+// Recorded per request (one JSON line each in bench/out/<json name>-requests.jsonl): key, tier,
 // status and error code, TTFT (first body byte of the stream), the wait at the edge (server-timing
 // `queue`), whether the whole answer came (every token and the usage chunk). Upstream: every
 // leg each engine received (its x-request-id begins with the client's), against the requests
