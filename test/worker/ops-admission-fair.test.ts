@@ -30,12 +30,17 @@ async function poll(): Promise<void> {
   await runDurableObjectAlarm(stub() as never);
 }
 
-/** Every decode node busy, then `flood` requests of key A and two of key B queued in that order. */
-async function flood(extra: Record<string, unknown>, floodBy = 6): Promise<Array<Promise<Response>>> {
+/** Every decode node busy, under the document's `extra` fields, and the object told so. */
+async function allBusy(extra: Record<string, unknown> = {}): Promise<void> {
   await setMetrics("d0", kv(0.95));
   await setMetrics("d1", kv(0.97));
   await putNodes(PD, extra);
   await poll();
+}
+
+/** Every decode node busy, then `flood` requests of key A and two of key B queued in that order. */
+async function flood(extra: Record<string, unknown>, floodBy = 6): Promise<Array<Promise<Response>>> {
+  await allBusy(extra);
   const answers: Array<Promise<Response>> = [];
   for (const [key, id] of [...Array.from({ length: floodBy }, (_, i) => [KEY, `fair-a${i}`]), [ALT_KEY, "fair-b0"], [ALT_KEY, "fair-b1"]] as const) {
     answers.push(send(key, id));
@@ -66,10 +71,7 @@ describe("fair share across API keys", () => {
   });
 
   it("a key whose queued requests' clients left gets those turns back", async () => {
-    await setMetrics("d0", kv(0.95));
-    await setMetrics("d1", kv(0.97));
-    await putNodes(PD);
-    await poll();
+    await allBusy();
     const leaving = new AbortController();
     const left = ["back-a0", "back-a1"].map((id) =>
       post("/v1/chat/completions", chatBody(`${id} ${"x".repeat(120)}`), { headers: headers(KEY, id), signal: leaving.signal }).catch((e: unknown) => e),
@@ -95,10 +97,7 @@ describe("fair share across API keys", () => {
   });
 
   it("a key over its share of a full queue while another waits: 429 fair_share_exceeded with retry-after", async () => {
-    await setMetrics("d0", kv(0.95));
-    await setMetrics("d1", kv(0.97));
-    await putNodes(PD, { admission: { maxQueued: 2 } });
-    await poll();
+    await allBusy({ admission: { maxQueued: 2 } });
     const a0 = send(KEY, "share-a0");
     await waitFor("a0 queued", queued, (n) => n === 1);
     const a1 = send(KEY, "share-a1");
