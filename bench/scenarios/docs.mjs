@@ -15,6 +15,7 @@ import { groupsTable } from './groups.mjs';
 import { multiturnMarkdown } from './multiturn.mjs';
 import { overheadTables } from './overhead.mjs';
 import { soakTable } from './soak.mjs';
+import { tiersTable } from './tiers.mjs';
 import { traceMarkdown } from './trace.mjs';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -30,6 +31,7 @@ const TABLES = /** @type {Record<string, (report: any) => string>} */ ({
   overhead: overheadTables,
   'do-capacity': doCapacityTable,
   soak: soakTable,
+  tiers: tiersTable,
 });
 
 const BLOCK = /<!-- generated from bench\/results\/([\w.-]+)\.json by npm run bench -- docs: do not edit by hand -->\n[\s\S]*?<!-- end of generated \1 -->/g;

@@ -30,12 +30,17 @@ async function poll(): Promise<void> {
   await runDurableObjectAlarm(stub() as never);
 }
 
-/** Every decode node busy, then `flood` requests of key A and two of key B queued in that order. */
-async function flood(extra: Record<string, unknown>, floodBy = 6): Promise<Array<Promise<Response>>> {
+/** Every decode node busy, under the document's `extra` fields, and the object told so. */
+async function allBusy(extra: Record<string, unknown> = {}): Promise<void> {
   await setMetrics("d0", kv(0.95));
   await setMetrics("d1", kv(0.97));
   await putNodes(PD, extra);
   await poll();
+}
+
+/** Every decode node busy, then `flood` requests of key A and two of key B queued in that order. */
+async function flood(extra: Record<string, unknown>, floodBy = 6): Promise<Array<Promise<Response>>> {
+  await allBusy(extra);
   const answers: Array<Promise<Response>> = [];
   for (const [key, id] of [...Array.from({ length: floodBy }, (_, i) => [KEY, `fair-a${i}`]), [ALT_KEY, "fair-b0"], [ALT_KEY, "fair-b1"]] as const) {
     answers.push(send(key, id));
@@ -65,16 +70,34 @@ describe("fair share across API keys", () => {
     expect(await decodeOrder()).toEqual(["fair-a0", "fair-b0", "fair-a1", "fair-b1", "fair-a2", "fair-a3", "fair-a4", "fair-a5"]);
   });
 
+  it("a key whose queued requests' clients left gets those turns back", async () => {
+    await allBusy();
+    const leaving = new AbortController();
+    const left = ["back-a0", "back-a1"].map((id) =>
+      post("/v1/chat/completions", chatBody(`${id} ${"x".repeat(120)}`), { headers: headers(KEY, id), signal: leaving.signal }).catch((e: unknown) => e),
+    );
+    await waitFor("A's two queued", queued, (n) => n === 2);
+    const answers = [send(ALT_KEY, "back-b0")];
+    await waitFor("b0 queued", queued, (n) => n === 3);
+    leaving.abort();
+    await Promise.all(left);
+    await waitFor("A's two left", queued, (n) => n === 1);
+    answers.push(send(KEY, "back-a2"));
+    await waitFor("a2 queued", queued, (n) => n === 2);
+    answers.push(send(ALT_KEY, "back-b1"));
+    await waitFor("b1 queued", queued, (n) => n === 3);
+    await releaseAll(answers);
+    // A's turns were never used: a2 is its first, level with b0 and ahead of B's second
+    expect(await decodeOrder()).toEqual(["back-b0", "back-a2", "back-b1"]);
+  });
+
   it('admission.fairShare "none": arrival order, the flood first', async () => {
     await releaseAll(await flood({ admission: { fairShare: "none" } }));
     expect(await decodeOrder()).toEqual(["fair-a0", "fair-a1", "fair-a2", "fair-a3", "fair-a4", "fair-a5", "fair-b0", "fair-b1"]);
   });
 
   it("a key over its share of a full queue while another waits: 429 fair_share_exceeded with retry-after", async () => {
-    await setMetrics("d0", kv(0.95));
-    await setMetrics("d1", kv(0.97));
-    await putNodes(PD, { admission: { maxQueued: 2 } });
-    await poll();
+    await allBusy({ admission: { maxQueued: 2 } });
     const a0 = send(KEY, "share-a0");
     await waitFor("a0 queued", queued, (n) => n === 1);
     const a1 = send(KEY, "share-a1");

@@ -60,6 +60,48 @@ describe("the queue's order", () => {
     expect(drain(q)).toEqual(["a2", "b0", "a3"]);
   });
 
+  it("a key whose waiters left unadmitted gets their turns back: its client gone, or its time run out", () => {
+    const gone = new AdmissionQueue<null>();
+    gone.enqueue("a0", null, cls("default", "A"), 0, OPEN);
+    gone.enqueue("a1", null, cls("default", "A"), 1, OPEN);
+    gone.enqueue("b0", null, cls("default", "B"), 2, OPEN);
+    gone.leave("a0");
+    gone.leave("a1");
+    gone.enqueue("a2", null, cls("default", "A"), 3, OPEN);
+    gone.enqueue("b1", null, cls("default", "B"), 4, OPEN);
+    // a2 is A's first turn now, level with b0 (which came first), ahead of B's second
+    expect(drain(gone)).toEqual(["b0", "a2", "b1"]);
+
+    const expired = new AdmissionQueue<null>();
+    const SHORT = { queueMs: 10, maxQueued: 100 };
+    expired.enqueue("a0", null, cls("default", "A"), 0, SHORT);
+    expired.enqueue("a1", null, cls("default", "A"), 1, SHORT);
+    expired.enqueue("a2", null, cls("default", "A"), 2, OPEN);
+    expired.enqueue("b0", null, cls("default", "B"), 3, OPEN);
+    expect(expired.expire(20).map((w) => w.ticket)).toEqual(["a0", "a1"]);
+    expired.enqueue("b1", null, cls("default", "B"), 21, OPEN);
+    expect(drain(expired)).toEqual(["a2", "b0", "b1"]);
+  });
+
+  it("waiters that left unadmitted leave the order as if they had never come (property)", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.record({ tier: fc.constantFrom(...TIERS), flow: fc.constantFrom("A", "B", "C"), ends: fc.constantFrom("stays", "leaves", "expires") }), { maxLength: 30 }),
+        (arrivals) => {
+          const q = new AdmissionQueue<null>();
+          const never = new AdmissionQueue<null>();
+          arrivals.forEach((a, i) => {
+            q.enqueue(String(i), null, cls(a.tier, a.flow), i, a.ends === "expires" ? { queueMs: 100, maxQueued: 100 } : OPEN);
+            if (a.ends === "stays") never.enqueue(String(i), null, cls(a.tier, a.flow), i, OPEN);
+          });
+          arrivals.forEach((a, i) => a.ends === "leaves" && q.leave(String(i)));
+          q.expire(1_000);
+          expect(drain(q)).toEqual(drain(never));
+        },
+      ),
+    );
+  });
+
   it("fair share off (one flow): arrival order whatever the key", () => {
     const q = new AdmissionQueue<null>();
     const none = { ...OPEN, fairShare: "none" as const };
