@@ -66,7 +66,7 @@ overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seco
 soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25
 tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --unloaded-seconds 45 --unloaded-load 0.25
             --seed 23 --prompt-tokens 2048 --output-tokens 32 --decode-blocks 40 --prefill-ms-per-token 0.02
-            --kv-busy 0.9 --queue-ms 5000 --max-queued 64 --quick
+            --kv-busy 0.9 --queue-ms 5000 --max-queued 64 --priority-reserve 0 --quick
 do-capacity: --nodes 8,64,512 --policy round_robin,least_load,cache_aware --ops noop,route_finish[,request]
             --seconds 5 --clients 4 --batch 64 --parallel 16`;
 

@@ -33,7 +33,7 @@
 // `npm run bench -- tiers [--seconds 90] [--load 2] [--probe-seconds 30] [--probe-concurrency 48]
 //   [--unloaded-seconds 45] [--unloaded-load 0.25] [--seed 23] [--prompt-tokens 2048]
 //   [--output-tokens 32] [--decode-blocks 40] [--prefill-ms-per-token 0.02] [--kv-busy 0.9] [--stale-ms 5000] [--queue-ms 5000]
-//   [--max-queued 64] [--quick] [--json bench/results/tiers.json]`
+//   [--max-queued 64] [--priority-reserve 0] [--quick] [--json bench/results/tiers.json]`
 import { mkdirSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -204,6 +204,8 @@ function settingsOf(options) {
     staleMs: numberOption(options, 'stale-ms', 5000),
     queueMs: numberOption(options, 'queue-ms', 5000),
     maxQueued: numberOption(options, 'max-queued', 64),
+    // admission.priorityReserve: the share of each D's KV the guard keeps for priority requests
+    priorityReserve: numberOption(options, 'priority-reserve', 0),
   };
 }
 
@@ -223,7 +225,7 @@ export async function runTiers(options) {
       policy: { prefill: 'least_load', decode: 'least_load' },
       // KV is the limit: a poll a second, the engine queue's threshold out of the way
       signals: { intervalMs: 1000, staleMs: s.staleMs, kvBusy: s.kvBusy, queueBusy: 64 },
-      admission: { queueMs: s.queueMs, maxQueued: s.maxQueued, fairShare: 'apiKey' },
+      admission: { queueMs: s.queueMs, maxQueued: s.maxQueued, fairShare: 'apiKey', priorityReserve: s.priorityReserve },
       nodes: [...engines.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })),
     }),
     vars: { API_KEYS: KEYS.map(API_KEY).join(','), ADMIN_TOKEN },

@@ -39,6 +39,8 @@ export interface AdmissionSettings {
   ttftSloMs?: number | null | undefined;
   /** `apiKey`: waiters of a tier are served round-robin across API keys; `none`: in deadline order */
   fairShare?: "apiKey" | "none" | undefined;
+  /** share of a decode node's KV kept for `priority` requests: the guard judges the others at kvBusy less it */
+  priorityReserve?: number | undefined;
 }
 
 /** Service tiers (SPEC 9), highest first: OpenAI's `service_tier`, with `auto` read as `default`. */

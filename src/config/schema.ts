@@ -205,6 +205,9 @@ const AdmissionSchema = strictObject({
   // SPEC 9: a flex request predicted to miss this TTFT is refused at once; fair share across API keys
   ttftSloMs: v.optional(v.nullable(positiveInt({ max: 600_000, maxMessage: "must be at most 600000 (10 minutes)" })), null),
   fairShare: v.optional(oneOf(["apiKey", "none"]), "apiKey"),
+  // SPEC 9: the share of each decode node's KV kept for `priority` requests (the KV guard judges the
+  // others at signals.kvBusy less it), so a priority request finds room when the rest must wait
+  priorityReserve: v.optional(v.pipe(v.number(), minValue(0, "must be 0 (no reserve) or more"), maxValue(0.5, "must be at most 0.5")), 0),
 });
 
 export const ClusterDocumentSchema = strictObject({

@@ -87,14 +87,20 @@ export function routeInput(req: RouteRequest, cluster: ClusterView, now: number,
     sticky: req.key ? (m.sticky.get(req.key) ?? null) : null,
     pinned: req.pinned === true,
     cursors: { ...m.cursors },
-    guard: guarded ? guardOf(s, predicted) : null,
+    guard: guarded ? guardOf(s, predicted, req.tier === "priority" ? 0 : (cluster.admission?.priorityReserve ?? 0)) : null,
     promptChars: req.promptChars ?? 0,
   };
 }
 
-/** The decode KV guard's settings; `predicted` prices the prefill legs on a node, so its queue test leaves them out (routing/kv-guard.ts). */
-const guardOf = (s: { kvBusy: number; queueBusy: number }, predicted: boolean): GuardSettings =>
-  predicted ? { kvBusy: s.kvBusy, queueBusy: s.queueBusy, pricesPrefills: true } : { kvBusy: s.kvBusy, queueBusy: s.queueBusy };
+/**
+ * The decode KV guard's settings; `predicted` prices the prefill legs on a node, so its queue test
+ * leaves them out (routing/kv-guard.ts). `reserve`: the KV kept for priority requests, taken off
+ * kvBusy for the others (admission.priorityReserve).
+ */
+const guardOf = (s: { kvBusy: number; queueBusy: number }, predicted: boolean, reserve: number): GuardSettings => {
+  const kvBusy = Math.max(0.01, s.kvBusy - reserve);
+  return predicted ? { kvBusy, queueBusy: s.queueBusy, pricesPrefills: true } : { kvBusy, queueBusy: s.queueBusy };
+};
 
 /** Per view: each node's prior rates (its profile over the pool's), computed once. */
 const profilesByView = new WeakMap<ClusterView, Map<string, RateProfile>>();

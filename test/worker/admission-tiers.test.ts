@@ -128,6 +128,39 @@ describe("service_tier", () => {
   });
 });
 
+describe("admission.priorityReserve", () => {
+  it("keeps a share of each D's KV for priority: at 0.85 KV a default request waits at the edge, a priority one is routed at once", async () => {
+    await setMetrics("d0", kv(0.85));
+    await setMetrics("d1", kv(0.85));
+    // kvBusy 0.9 less a reserve of 0.1: the others see the Ds as busy from 0.8
+    await putNodes(PD, { admission: { priorityReserve: 0.1 } });
+    await poll();
+    const waiting = send("reserve-default", chatBody("default", { service_tier: "default" }));
+    await waitFor("the default request queued", queued, (n) => n === 1);
+    const priority = await send("reserve-priority", chatBody("priority", { service_tier: "priority" }));
+    expect(priority.status, await priority.clone().text()).toBe(200);
+    await priority.arrayBuffer();
+    expect(await queued()).toBe(1);
+    expect((await decodeLegs("d0")).concat(await decodeLegs("d1")).map(idOf)).toEqual(["reserve-priority"]);
+    // below the reserve's line again: the default request goes
+    await setMetrics("d0", kv(0.5));
+    await poll();
+    const res = await waiting;
+    expect(res.status, await res.clone().text()).toBe(200);
+    await res.arrayBuffer();
+  });
+
+  it("without it (the default, 0) the same default request is routed at once", async () => {
+    await setMetrics("d0", kv(0.85));
+    await setMetrics("d1", kv(0.85));
+    await putNodes(PD);
+    await poll();
+    const res = await send("no-reserve", chatBody("default", { service_tier: "default" }));
+    expect(res.status, await res.clone().text()).toBe(200);
+    await res.arrayBuffer();
+  });
+});
+
 describe("vLLM's priority field", () => {
   const bodyOf = async (id: string) => (await engineRequests(id)).map((r) => JSON.parse(r.body) as Record<string, unknown>);
 

@@ -20,7 +20,7 @@ describe("signals and admission in the cluster document", () => {
     const r = parseClusterDocument({ nodes });
     if (!r.ok) throw new Error(JSON.stringify(r.problems));
     expect(r.config.signals).toEqual({ intervalMs: 5000, staleMs: 15000, kvBusy: 0.9, queueBusy: 8, shardAbove: 256, nodesPerPoller: 128 });
-    expect(r.config.admission).toEqual({ queueMs: 30000, maxQueued: 1000, ttftSloMs: null, fairShare: "apiKey" });
+    expect(r.config.admission).toEqual({ queueMs: 30000, maxQueued: 1000, ttftSloMs: null, fairShare: "apiKey", priorityReserve: 0 });
   });
 
   it("name the bad field", () => {
@@ -40,6 +40,9 @@ describe("signals and admission in the cluster document", () => {
     expect(problems({ admission: { ttftSloMs: 0 } })).toEqual(["admission.ttftSloMs"]);
     expect(problems({ admission: { ttftSloMs: 1.5 } })).toEqual(["admission.ttftSloMs"]);
     expect(problems({ admission: { fairShare: "user" } })).toEqual(["admission.fairShare"]);
+    expect(problems({ admission: { priorityReserve: 0.1 } })).toEqual([]);
+    expect(problems({ admission: { priorityReserve: 0.6 } })).toEqual(["admission.priorityReserve"]);
+    expect(problems({ admission: { priorityReserve: -0.1 } })).toEqual(["admission.priorityReserve"]);
     const flagged = [nodes[0], { ...nodes[1], priorityScheduling: true }];
     expect(parseClusterDocument({ nodes: flagged }).ok).toBe(true);
     const r = parseClusterDocument({ protocol: "sglang", nodes: flagged });
