@@ -437,6 +437,10 @@ function soakFigures(result) {
     ['RSS right after forced GC, each minute (MB)', result.rssMb.afterGc.map((/** @type {any} */ g) => g.rssMb).join(' / ')],
     ['slope of RSS after forced GC', `${result.rssMb.afterGcSlopeMbPerMinute} MB/min`],
   ];
+  // whether it levels off: the same slope over the readings from the third minute on (longer runs)
+  const late = result.rssMb.afterGc.filter((/** @type {any} */ g) => g.tS >= 170);
+  if (late.length >= 3)
+    rows.push(['slope of RSS after forced GC from the third minute', `${round2(slope(late.map((/** @type {any} */ g) => ({ x: g.tS / 60, y: g.rssMb }))))} MB/min`]);
   const a = result.rssMb.afterGc;
   if (a[0]?.anonMb !== undefined) {
     rows.push(['anonymous part of that RSS (MB)', a.map((/** @type {any} */ g) => g.anonMb).join(' / ')]);
