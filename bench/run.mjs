@@ -35,9 +35,11 @@ scenarios:
   groups      2 groups x (2P+2D), affinity; --policy lists pdGroup modes (off,prefer,strict)
   do-capacity routed requests/s one ClusterState object sustains (route + finish), 8/64/512 nodes
   abandoned   prefill blocks held by requests whose client left after P answered: today (no release) vs the router
-  soak        workerd's memory while clients leave mid-stream for minutes: RSS slope, heap per request
-  tiers       service tiers and fair share at the edge: 2P+2D with small decode KV, the sustainable rate measured,
-              then Poisson arrivals unloaded and at --load x it (20% priority, 30% flex; 4 keys 50/25/15/10%)
+soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25 --shares 0.3,0.4,0.15,0.15
+            --target router|baseline|both --rate R (paced; default 20 for baseline and both) --allocator (tcmalloc through gdb, idle)
+tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --unloaded-seconds 45 --unloaded-load 0.25
+            --seed 23 --prompt-tokens 2048 --output-tokens 32 --decode-blocks 40 --prefill-ms-per-token 0.02
+            --kv-busy 0.9 --queue-ms 5000 --max-queued 64 --priority-reserve 0 --quick
   handle-retry simulated TTFT of a D retry: re-run P for a fresh handle vs the plain body to D
   seeds       the scorecard: every published comparison of the seeds (25) against the headline runs in
               bench/results/ (multiturn, agentic, agentic-ablation, agentic-breakdown); writes
@@ -63,10 +65,15 @@ trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
             --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05
+<<<<<<< HEAD
 soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25
 tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --unloaded-seconds 45 --unloaded-load 0.25
             --seed 23 --prompt-tokens 2048 --output-tokens 32 --decode-blocks 40 --prefill-ms-per-token 0.02
             --kv-busy 0.9 --queue-ms 5000 --max-queued 64 --priority-reserve 0 --quick
+=======
+soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25 --shares 0.3,0.4,0.15,0.15
+            --target router|baseline|both --rate R (paced; default 20 for baseline and both) --allocator (tcmalloc through gdb, idle)
+>>>>>>> rss
 do-capacity: --nodes 8,64,512 --policy round_robin,least_load,cache_aware --ops noop,route_finish[,request]
             --seconds 5 --clients 4 --batch 64 --parallel 16`;
 
