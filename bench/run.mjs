@@ -65,15 +65,11 @@ trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
             --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05
-<<<<<<< HEAD
-soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25
+soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25 --shares 0.3,0.4,0.15,0.15
+            --target router|baseline|both --rate R (paced; default 20 for baseline and both) --allocator (tcmalloc through gdb, idle)
 tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --unloaded-seconds 45 --unloaded-load 0.25
             --seed 23 --prompt-tokens 2048 --output-tokens 32 --decode-blocks 40 --prefill-ms-per-token 0.02
             --kv-busy 0.9 --queue-ms 5000 --max-queued 64 --priority-reserve 0 --quick
-=======
-soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25 --shares 0.3,0.4,0.15,0.15
-            --target router|baseline|both --rate R (paced; default 20 for baseline and both) --allocator (tcmalloc through gdb, idle)
->>>>>>> rss
 do-capacity: --nodes 8,64,512 --policy round_robin,least_load,cache_aware --ops noop,route_finish[,request]
             --seconds 5 --clients 4 --batch 64 --parallel 16`;
 
