@@ -121,7 +121,9 @@ export class ClusterState extends DurableObject {
       if (routed.ok || routed.error.kind !== "decode_busy") return routed;
       // a dry run: what it would get once a node frees (the picks without the guard)
       if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
-    }
+      // a cell with another to try: busy, nothing queued
+      if (req.spill) return routed;
+    } else if (req.spill) return { ok: false, error: { kind: "decode_busy", candidates: [] } };
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
     const admitted = this.#admission.wait(
       req,
