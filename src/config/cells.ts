@@ -50,7 +50,7 @@ export function cellProblems(config: ClusterConfig): Problem[] {
       problems.push({
         path: "cells",
         message:
-          `${config.cells} cells: cell ${cell.key} of pool ${pool.key} (${pool.nodes.length} nodes) would get no ${lacks.join(" and no ")} ` +
+          `${config.cells} cells: cell ${cell.key} of pool ${pool.key} (${pool.nodes.length} nodes) would have no ${lacks.join(" and no ")} ` +
           "(each cell needs the roles its pool's requests use; a group stays whole in one cell): lower cells, or add nodes",
       });
       break;

@@ -69,14 +69,14 @@ export function partitionCells<N extends CellNode>(nodes: readonly N[], count: n
 
 /**
  * What a cell lacks to serve every model it must (null: every model) in `roles`: e.g.
- * `a decode-capable node for model "m"`; empty when it lacks nothing.
+ * `decode-capable node for model "m"`; empty when it lacks nothing.
  */
 export function cellLacks(cell: readonly CellNode[], roles: readonly Role[], models: ReadonlySet<string> | null): string[] {
   const lacks: string[] = [];
   for (const model of models === null ? [null] : [...models].sort(compareIds)) {
     for (const role of roles) {
       const ok = cell.some((n) => serves(n, role) && (model === null || !n.models || n.models.includes(model)));
-      if (!ok) lacks.push(`a ${role}-capable node${model === null ? "" : ` for model "${model}"`}`);
+      if (!ok) lacks.push(`${role}-capable node${model === null ? "" : ` for model "${model}"`}`);
     }
   }
   return lacks;

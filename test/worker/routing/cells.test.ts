@@ -74,7 +74,7 @@ describe("partitionCells", () => {
       { id: "p0", role: "prefill", weight: 1, models: ["a"] },
       { id: "c0", role: "both", weight: 1, models: ["b"] },
     ];
-    expect(cellLacks(cell, ["prefill", "decode"], new Set(["a", "b"]))).toEqual(['a decode-capable node for model "a"']);
+    expect(cellLacks(cell, ["prefill", "decode"], new Set(["a", "b"]))).toEqual(['decode-capable node for model "a"']);
     expect(cellLacks(cell, ["decode"], null)).toEqual([]);
   });
 });
