@@ -13,7 +13,8 @@ export interface CellState {
  * A request's cells as one LeaseState (docs/scaling.md, "One object per cell within a pool"). It
  * asks its cells in order, each told to spill (answer decode_busy rather than wait) — one more
  * round trip only when a cell is busy — and, when every cell is busy, waits at the edge in its
- * first cell, where its conversation's prefix is. Every later call (renew, failover, finish) goes
+ * first cell, where its conversation's prefix is. A pinned request (a stored response's turn)
+ * is spilled by every cell but the one that remembers its nodes. Every later call (renew, failover, finish) goes
  * to the cell that routed it: the lease lives there alone.
  */
 export class CellStates implements LeaseState {

@@ -18,14 +18,15 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   let first: Awaited<ReturnType<typeof explainIn>> | null = null;
   let found: Awaited<ReturnType<typeof explainIn>> | null = null;
   for (const cell of cells) {
-    const answer = await explainIn(c, cell, request);
-    first ??= answer;
-    if (!answer.routed.ok || !answer.routed.wouldWait) {
+    const answer = await explainIn(c, cell, request, cells.length > 1);
+    const passed = !answer.routed.ok && answer.routed.error.kind === "decode_busy";
+    if (!passed) first ??= answer;
+    if (!passed && !(answer.routed.ok && answer.routed.wouldWait)) {
       found = answer;
       break;
     }
   }
-  const { routed, snapshot, cell } = found ?? first!;
+  const { routed, snapshot, cell } = found ?? first ?? (await explainIn(c, cells[0]!, request, false));
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });
@@ -68,8 +69,9 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
 }
 
 /** One object's dry run and snapshot; both calls carry the view: they run concurrently, and the snapshot may be the object's first call. */
-async function explainIn(c: Ctx, cell: RouteCell, request: RouteRequest) {
+async function explainIn(c: Ctx, cell: RouteCell, request: RouteRequest, spill: boolean) {
   const state = clusterState(c.env, cell.key);
-  const [routed, snapshot] = await Promise.all([state.route({ ...request, version: cell.view.version, cluster: cell.view }), state.snapshot(cell.view)]);
+  const asked = { ...request, version: cell.view.version, cluster: cell.view, ...(spill ? { spill } : {}) };
+  const [routed, snapshot] = await Promise.all([state.route(asked), state.snapshot(cell.view)]);
   return { routed, snapshot, cell: cell.key };
 }

@@ -104,6 +104,8 @@ export class ClusterState extends DurableObject {
     if (req.cluster) this.#syncCluster(req.cluster);
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
+    // cells: a stored response's turn belongs to the cell that remembers its nodes; another passes it on
+    if (req.spill && req.pinned && req.key && !this.sticky.get(req.key)) return { ok: false, error: { kind: "decode_busy", candidates: [] } };
     this.#sweep(now);
     // first come first served: those already waiting get what has freed before a newcomer does,
     // and a newcomer that ranks behind a request still waiting for the same nodes joins the queue

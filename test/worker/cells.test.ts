@@ -145,6 +145,34 @@ describe("a busy cell", () => {
   });
 });
 
+describe("a stored response's turn", () => {
+  it("reaches the node that stored it, in its cell, whichever cell its id ranks first", async () => {
+    await putCells();
+    await pollCells();
+    const body = (input: string, extra: Record<string, unknown> = {}) => ({ model: "sim-model", input, max_output_tokens: 3, ...extra });
+    const homes = new Set<string>();
+    for (let c = 0; c < 6; c++) {
+      const res = await post("/v1/responses", body(`stored conversation ${c}`), `stored-${c}`);
+      expect(res.status, await res.clone().text()).toBe(200);
+      const first = { id: ((await res.json()) as { id: string }).id, d: res.headers.get("x-pd-decode")! };
+      const home = CELLS.find((name) => MEMBERS[name]!.includes(first.d))!;
+      homes.add(home);
+      // the finish report that remembers the nodes runs after the response: let it land
+      await waitFor(
+        "the first turn finished",
+        () => snapshotOf(home),
+        (s) => s.leases === 0,
+      );
+      // its id is its only tie to the first turn, and ranks either cell first
+      const next = await post("/v1/responses", body(`unrelated follow-up ${c}`, { previous_response_id: first.id }), `other-${c}`);
+      expect(next.status, await next.clone().text()).toBe(200);
+      await next.arrayBuffer();
+      expect({ c, d: next.headers.get("x-pd-decode") }).toEqual({ c, d: first.d });
+    }
+    expect(homes.size).toBe(2);
+  });
+});
+
 describe("a cell's restart", () => {
   it("loses its own leases and no lease of another cell", async () => {
     await putCells();
