@@ -62,6 +62,7 @@ both:       --preset seed000|seed002|default --engine key=value,... (engine opti
 trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
             --restart NODE@SHARE (restart that engine once SHARE of the requests were sent)
             --feedback with|without|both (cache-hit feedback; without: the test-only TEST_CACHE_FEEDBACK=count_only)
+            --cells 1,2,4 (each policy with the pool cut into that many cells: the document's \`cells\`, docs/scaling.md)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
             --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05

@@ -32,6 +32,7 @@ export async function runTrace(options) {
   const policies = listOption(options);
   const restart = restartOption(stringOption(options, 'restart'));
   const feedbackModes = listOption(options, 'feedback', ['with', 'without', 'both'], ['with']).flatMap((m) => (m === 'both' ? ['with', 'without'] : [m]));
+  const cellCounts = cellsOption(stringOption(options, 'cells'));
   /** @type {Record<string, number>} */
   const cacheAware = {};
   if (options['cache-aware-alpha'] !== undefined) cacheAware.loadAlpha = numberOption(options, 'cache-aware-alpha', 0.5);
@@ -50,8 +51,11 @@ export async function runTrace(options) {
   const cacheRoles = protocol === 'colocated' ? ['both'] : ['prefill'];
 
   const results = [];
-  for (const [policy, feedback] of policies.flatMap((p) => feedbackModes.map((f) => /** @type {const} */ ([p, f])))) {
-    const name = feedbackModes.length > 1 || feedback === 'without' ? `${policy}, ${feedback} feedback` : policy;
+  const runs = policies.flatMap((p) => feedbackModes.flatMap((f) => cellCounts.map((c) => /** @type {const} */ ([p, f, c]))));
+  for (const [policy, feedback, cells] of runs) {
+    const named = feedbackModes.length > 1 || feedback === 'without' ? `${policy}, ${feedback} feedback` : policy;
+    // --cells: the pool cut into that many cells, each an object of its own (docs/scaling.md)
+    const name = cellCounts.length > 1 || cells > 1 ? `${named}, ${cells} cell${cells === 1 ? '' : 's'}` : named;
     const stack = await startStack({
       engines,
       defaults: { timeScale, cacheBlocks },
@@ -59,6 +63,7 @@ export async function runTrace(options) {
       clusterDocument: (started) => ({
         protocol,
         policy: policyFor(policy, Object.keys(cacheAware).length ? { cacheAware } : {}),
+        ...(cells > 1 ? { cells } : {}),
         nodes: [...started.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })),
       }),
     });
@@ -123,9 +128,13 @@ export async function runTrace(options) {
       const enginePrompt = cachers.reduce((a, e) => a + e.promptTokens, 0);
       const counts = Object.values(perNode);
       const hitRatio = cachedTokens / Math.max(1, promptTokens);
+      // the engines' highest KV use over the run: below kvBusy (0.9) on every node, no request reached a node above it
+      const kvPeak = Math.max(0, ...Object.values(stats).map((e) => e.kvUsagePeak ?? 0));
       results.push({
         policy: name,
         feedback: feedback === 'with',
+        cells,
+        kvPeak: round(kvPeak, 3),
         hitRatio: round(hitRatio, 4),
         ofCeiling: round(hitRatio / ceiling.ratio, 3),
         maxOverMean: round(maxOverMean(counts), 3),
@@ -155,7 +164,7 @@ export async function runTrace(options) {
     scenario: 'trace',
     ceiling: round(ceiling.ratio, 4),
     ceilingBlocks: ceiling.total,
-    config: { trace: file, requests: requests.length, nodes, cacheBlocks, protocol, concurrency, timeScale, cacheAware, restart, feedback: feedbackModes },
+    config: { trace: file, requests: requests.length, nodes, cacheBlocks, protocol, concurrency, timeScale, cacheAware, restart, feedback: feedbackModes, cells: cellCounts },
     results,
   };
   return {
@@ -183,10 +192,24 @@ export async function runTrace(options) {
  */
 export function traceMarkdown({ ceiling, ceilingBlocks, config, results }) {
   const blocks = ceilingBlocks === undefined ? '' : `, ${ceilingBlocks} blocks`;
+  // runs with --cells also show the engines' peak KV use (older reports have none)
+  const kvPeak = results.some((r) => r.kvPeak !== undefined);
   return (
     `ceiling (one infinite cache, blocks seen before / all blocks): ${ceiling} over ${config.requests} requests${blocks}\n\n` +
     markdownTable(
-      ['policy', 'hit ratio', 'of ceiling', 'max/mean reqs', 'max/mean prefill tokens', 'requests per node', 'loc-miss blocks', 'errors (retried)', 'wall s', 'req/s'],
+      [
+        'policy',
+        'hit ratio',
+        'of ceiling',
+        'max/mean reqs',
+        'max/mean prefill tokens',
+        'requests per node',
+        'loc-miss blocks',
+        'errors (retried)',
+        'wall s',
+        'req/s',
+        ...(kvPeak ? ['KV use peak'] : []),
+      ],
       results.map((r) => [
         r.policy,
         r.hitRatio,
@@ -198,10 +221,19 @@ export function traceMarkdown({ ceiling, ceilingBlocks, config, results }) {
         `${r.errors} (${r.devProxyRetries})`,
         r.wallS,
         r.requestsPerS,
+        ...(kvPeak ? [r.kvPeak] : []),
       ]),
     ) +
     (results.some((r) => r.predictedTokens > 0) ? `\n\n${predictionTable(results)}` : '')
   );
+}
+
+/** `--cells 1,2,4`: the cell counts to run each policy with (default 1: no cells). @param {string | undefined} v */
+export function cellsOption(v) {
+  if (v === undefined) return [1];
+  const counts = v.split(',').map(Number);
+  if (!counts.every((n) => Number.isInteger(n) && n >= 1 && n <= 64)) throw new Error('--cells N[,N...], each an integer from 1 to 64');
+  return counts;
 }
 
 /** `--restart NODE@SHARE`, e.g. `n3@0.5`. @param {string | undefined} v */

@@ -1,5 +1,5 @@
 import { rendezvousUnit } from "../routing/hash";
-import { nodePools } from "./pools";
+import { cellProblems, routingUnits } from "./cells";
 import type { SignalSettings } from "./cluster-view";
 import { type ClusterConfig, type ConfigDefaults, DEFAULT_NODES_PER_POLLER, DEFAULT_SHARD_ABOVE, type Problem } from "./schema";
 
@@ -100,7 +100,8 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
   if (!plan) return [{ path: "(WORKERS_PLAN)", message: `the WORKERS_PLAN var must be "free", "paid" or the [limits] subrequests number, not "${planVar}"` }];
   const problems: Problem[] = [];
   const allows = `more than ${plan.name} allows in one invocation (${plan.limit}; WORKERS_PLAN var, docs/deploy.md section 8)`;
-  for (const pool of nodePools(config)) {
+  // each pool's object, or each cell's: the alarm of each covers its own nodes
+  for (const pool of routingUnits(config)) {
     const need = alarmSubrequests(pool.nodes.length, config);
     if (need <= plan.limit) continue;
     problems.push({
@@ -110,7 +111,7 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
         "lengthen health.intervalMs and signals.intervalMs (a longer period spreads the nodes over more one-second sub-ticks), split the nodes into pools by model, or use a plan that allows more",
     });
   }
-  for (const pool of nodePools(config)) {
+  for (const pool of routingUnits(config)) {
     const need = pollerRunSubrequests(pool.nodes, config);
     if (need <= plan.limit) continue;
     problems.push({
@@ -130,7 +131,7 @@ export function planProblems(config: ClusterConfig, planVar: string | undefined)
   return problems;
 }
 
-/** The document defaults with the plan's check added (schema.ts calls it; see ConfigDefaults.limits). */
+/** The document defaults with the checks that need its pools added: the cells' roles and the plan's subrequests (schema.ts calls it; see ConfigDefaults.limits). */
 export function withPlanLimits(defaults: ConfigDefaults): ConfigDefaults {
-  return { ...defaults, limits: (config) => planProblems(config, defaults.plan) };
+  return { ...defaults, limits: (config) => [...cellProblems(config), ...planProblems(config, defaults.plan)] };
 }

@@ -220,6 +220,8 @@ export const ClusterDocumentSchema = strictObject({
   signals: v.optional(SignalsSchema, {}),
   admission: v.optional(AdmissionSchema, {}),
   profile: v.optional(ProfileSchema),
+  // docs/scaling.md: each pool cut into this many cells, each an object of its own (1: the pool is one object)
+  cells: v.optional(positiveInt({ max: 64, maxMessage: "must be at most 64" }), 1),
   nodes: v.pipe(v.array(NodeSchema), minLength(1, "must list at least one node")),
 });
 

@@ -40,6 +40,8 @@ export interface NodeStatus {
    * the node was taken to have lost its cache, and its learned characters per token
    */
   prefix: { predictedTokens: number; cachedTokens: number; cacheLost: number; charsPerToken: number };
+  /** the cell (its object's name) the node is in (docs/scaling.md); absent without cells */
+  cell?: string | null;
 }
 
 export interface NodeSignalsStatus {
@@ -84,6 +86,8 @@ export interface ClusterSnapshot {
   precision?: Array<{ pool: string; followUps: number; precise: number }>;
   /** sharded polling (docs/scaling.md): each poller object, its nodes, and how long since it last pushed readings (or was assigned); absent while the pool's object polls */
   pollers?: Array<{ poller: number; nodes: number; silentMs: number; pool?: string }>;
+  /** cells (docs/scaling.md): each cell's object, its nodes, the leases it holds and the requests waiting in it; absent without cells */
+  cells?: Array<{ cell: string; nodes: string[]; leases: number; queued: number }>;
   now: number;
 }
 

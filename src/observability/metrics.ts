@@ -1,6 +1,7 @@
 import type { Context } from "hono";
 import type { ConfigSnapshot } from "../config/load";
-import { nodePools } from "../config/pools";
+import { routingUnits } from "../config/cells";
+import type { NodePool } from "../config/pools";
 import { clusterState, clusterView, currentConfig } from "../config/runtime";
 import type { Env } from "../env";
 import { DISAGG_DECISIONS } from "../routing/local-prefill";
@@ -180,6 +181,25 @@ export function clusterMetrics({ snapshot, keys, config }: MetricsInput): Metric
       "Follow-ups that found their prefix, 15 min.",
       (snapshot.precision ?? []).map((p) => ({ labels: { pool: p.pool }, value: p.followUps > 0 ? p.precise / p.followUps : 0 })),
     ),
+    // cells (docs/scaling.md): absent without them
+    family(
+      "node_cell",
+      "gauge",
+      "1 for the cell (object) a node is in.",
+      nodes.flatMap((n) => (n.cell ? [{ labels: { node: n.id, cell: n.cell }, value: 1 }] : [])),
+    ),
+    family(
+      "cell_leases",
+      "gauge",
+      "Leases a cell's object holds.",
+      (snapshot.cells ?? []).map((c) => ({ labels: { cell: c.cell }, value: c.leases })),
+    ),
+    family(
+      "cell_queued",
+      "gauge",
+      "Requests waiting at the edge in a cell.",
+      (snapshot.cells ?? []).map((c) => ({ labels: { cell: c.cell }, value: c.queued })),
+    ),
     histogram("decode_ttfb_seconds", "Decode leg to its first byte.", snapshot.latency.ttfb),
     histogram("prefill_seconds", "Prefill leg until P answered.", snapshot.latency.prefill),
     family(
@@ -294,8 +314,8 @@ export async function readClusterStatus(
 ): Promise<{ config: ConfigSnapshot; snapshot: ClusterSnapshot; keys: KeyCount[] }> {
   const config = await currentConfig(env);
   const whole = clusterState(env);
-  const pools = config.config ? nodePools(config.config) : [];
-  // one object per independent node pool; the whole cluster's also counts refused requests and keys
+  const pools = config.config ? routingUnits(config.config) : [];
+  // one object per independent node pool (or per cell of one); the whole cluster's also counts refused requests and keys
   const [keys, wholeSnapshot, ...poolSnapshots] = await Promise.all([
     whole.keyCounts(),
     pools.length === 1 ? whole.snapshot(clusterView(config.config!, config.version, pools[0]), history) : whole.snapshot(undefined, history),
@@ -303,13 +323,20 @@ export async function readClusterStatus(
   ]);
   // a pool's pollers are named with the pool they poll for (the merged snapshot lists them all)
   const named = (snap: ClusterSnapshot, pool: string): ClusterSnapshot => (snap.pollers ? { ...snap, pollers: snap.pollers.map((p) => ({ ...p, pool })) } : snap);
+  const snapshot = mergeSnapshots(
+    pools.length === 1 ? named(wholeSnapshot, pools[0]!.key) : wholeSnapshot,
+    poolSnapshots.map((snap, i) => named(snap, pools[i]!.key)),
+  );
+  return { config, snapshot: (config.config?.cells ?? 1) > 1 ? withCells(snapshot, pools, poolSnapshots) : snapshot, keys };
+}
+
+/** Cells (docs/scaling.md): each node named with its cell, and each cell's leases and waiting requests. */
+function withCells(snapshot: ClusterSnapshot, cells: NodePool[], snapshots: ClusterSnapshot[]): ClusterSnapshot {
+  const cellOf = new Map(cells.flatMap((c) => c.nodes.map((n) => [n.id, c.key] as const)));
   return {
-    config,
-    snapshot: mergeSnapshots(
-      pools.length === 1 ? named(wholeSnapshot, pools[0]!.key) : wholeSnapshot,
-      poolSnapshots.map((snap, i) => named(snap, pools[i]!.key)),
-    ),
-    keys,
+    ...snapshot,
+    nodes: snapshot.nodes.map((n) => ({ ...n, cell: cellOf.get(n.id) ?? null })),
+    cells: cells.map((c, i) => ({ cell: c.key, nodes: c.nodes.map((n) => n.id), leases: snapshots[i]!.leases, queued: snapshots[i]!.admission.queued })),
   };
 }
 

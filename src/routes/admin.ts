@@ -110,6 +110,8 @@ adminRoutes.get("/status", async (c) => {
     },
     nodes: snapshot.nodes,
     leases: snapshot.leases,
+    // cells (docs/scaling.md): each cell's object, its nodes, leases and waiting requests
+    ...(snapshot.cells ? { cells: snapshot.cells } : {}),
     warnings: nodeWarnings(snapshot.nodes),
   });
 });

@@ -3,7 +3,8 @@ import type { Decision, Role } from "../routing/types";
 import type { Ctx } from "./app-env";
 import { selectionFailure } from "./failures";
 import { checkInferenceRequest, parseJsonObject, type RequestKind } from "./request-schema";
-import { buildRouteRequest } from "./route-request";
+import type { RouteRequest } from "../state/types";
+import { buildRouteRequest, type RouteCell } from "./route-request";
 
 /** POST /v1/route: the decision this body would get, nothing forwarded, no lease taken. */
 export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
@@ -11,10 +12,21 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
   const value = parseJsonObject(raw);
   const kind: RequestKind = !("messages" in value) && "prompt" in value ? "completion" : "chat";
   const body = checkInferenceRequest(value, kind);
-  const { config, view, pool, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
-  const state = clusterState(c.env, pool);
-  // both calls carry the view: they run concurrently, and the snapshot may be the object's first call
-  const [routed, snapshot] = await Promise.all([state.route({ ...request, cluster: view }), state.snapshot(view)]);
+  const { config, cells, request, keySource, prefixBlocks } = await buildRouteRequest(c, kind, body, raw.length, true);
+  // its cells in order (one: the pool): the first that would not make it wait, else the first,
+  // where it would wait (cell-states.ts)
+  let first: Awaited<ReturnType<typeof explainIn>> | null = null;
+  let found: Awaited<ReturnType<typeof explainIn>> | null = null;
+  for (const cell of cells) {
+    const answer = await explainIn(c, cell, request, cells.length > 1);
+    const passed = !answer.routed.ok && answer.routed.error.kind === "decode_busy";
+    if (!passed) first ??= answer;
+    if (!passed && !(answer.routed.ok && answer.routed.wouldWait)) {
+      found = answer;
+      break;
+    }
+  }
+  const { routed, snapshot, cell } = found ?? first ?? (await explainIn(c, cells[0]!, request, false));
   if (!routed.ok) throw selectionFailure(routed.error);
   const d: Decision = routed.decision;
   const summary = (role: Role) => ({ id: d[role].id, rule: d[role].rule, failOpen: d[role].failOpen, fallbacks: d[role].fallbacks });
@@ -31,6 +43,8 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
     prefill: summary("prefill"),
     decode: summary("decode"),
     key: { source: keySource, hash: request.key, prefixBlocks },
+    // docs/scaling.md: the cell (its object) that would route it, and the order the request tries them
+    ...(cells.length > 1 ? { cell, cells: cells.map((x) => x.key) } : {}),
     rule: { prefill: d.prefill.rule, decode: d.decode.rule },
     candidates: { prefill: d.prefill.candidates, decode: d.decode.candidates },
     // every decode node that could serve it is busy: the request would wait at the edge (SPEC 8)
@@ -52,4 +66,12 @@ export async function explainRoute(c: Ctx, raw: string): Promise<Response> {
       rates,
     })),
   });
+}
+
+/** One object's dry run and snapshot; both calls carry the view: they run concurrently, and the snapshot may be the object's first call. */
+async function explainIn(c: Ctx, cell: RouteCell, request: RouteRequest, spill: boolean) {
+  const state = clusterState(c.env, cell.key);
+  const asked = { ...request, version: cell.view.version, cluster: cell.view, ...(spill ? { spill } : {}) };
+  const [routed, snapshot] = await Promise.all([state.route(asked), state.snapshot(cell.view)]);
+  return { routed, snapshot, cell: cell.key };
 }

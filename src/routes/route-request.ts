@@ -4,6 +4,7 @@ import { keyLabel } from "../auth/digest";
 import { requestTier, tierOf } from "../auth/service-tier";
 import { clusterView, currentConfig, invalidateConfig, requireConfig, servesModel } from "../config/runtime";
 import type { ClusterConfig } from "../config/schema";
+import { cellsFor, routingUnits } from "../config/cells";
 import { poolFor } from "../config/pools";
 import { nodesPointingAt } from "../config/self-origin";
 import type { Env } from "../env";
@@ -21,13 +22,21 @@ const KEYED_POLICIES = new Set(["affinity", "cache_aware", "least_load"]);
 export interface BuiltRoute {
   config: ClusterConfig;
   view: ClusterView;
-  /** the pool's object key */
+  /** the object key of the pool (or of its cell) the request tries first */
   pool: string;
+  /** the cells the request tries, in order (docs/scaling.md), each with its view; one: the pool itself */
+  cells: RouteCell[];
   request: RouteRequest;
   keySource: string | null;
   prefixBlocks: number;
   /** Durable Object calls the request waited for while getting the document (its log line counts them) */
   configStateCalls: number;
+}
+
+/** A cell (or the pool) a request may be routed in: its object's key and the view it holds. */
+export interface RouteCell {
+  key: string;
+  view: ClusterView;
 }
 
 /** Everything the Durable Object needs to decide, computed once in the Worker (hashing included). */
@@ -74,13 +83,15 @@ export async function buildRouteRequest(
   // capped by the key's tier) and whose fair share it counts against
   const clientKey = c.get("clientKey");
   const tier = requestTier(tierOf(body.service_tier), clientKey?.tier ?? null);
-  // the object of the pool that serves this model (one for the whole cluster unless model sets are disjoint)
-  const pool = poolFor(config, model);
-  const view = clusterView(config, snapshot.version, pool);
+  // the object of the pool that serves this model (one for the whole cluster unless model sets are
+  // disjoint), or its cells in the order this request tries them (by its affinity key)
+  const cells = cellsFor(config, poolFor(config, model), key?.hash ?? null).map((cell) => ({ key: cell.key, view: clusterView(config, snapshot.version, cell) }));
+  const view = cells[0]!.view;
   return {
     config,
     view,
-    pool: pool.key,
+    pool: cells[0]!.key,
+    cells,
     keySource: key?.source ?? null,
     prefixBlocks: prefixHashes.length,
     configStateCalls: configCalls.calls,
@@ -132,10 +143,16 @@ function loopingNodes(config: ClusterConfig, requestUrl: string): string[] {
  * isolate reads the document again. Its own still serves when it names the chosen nodes (KV not
  * yet showing the edit here); otherwise the lease goes back and the client may retry at once.
  */
-export async function configOfVersion(env: Env, config: ClusterConfig, model: string, version: string, chosen: string[]): Promise<ClusterConfig> {
+export async function configOfVersion(env: Env, config: ClusterConfig, cell: string, version: string, chosen: string[]): Promise<ClusterConfig> {
   invalidateConfig();
   const fresh = await currentConfig(env);
-  if (fresh.config && clusterView(fresh.config, fresh.version, poolFor(fresh.config, model)).version === version) return fresh.config;
+  if (fresh.config && unitView(fresh.config, fresh.version, cell)?.version === version) return fresh.config;
   if (chosen.every((id) => config.nodes.some((n) => n.id === id))) return config;
   throw new RouterError(503, "The cluster document changed while the request waited; retry.", "service_unavailable", "cluster_state_unavailable", null, { "retry-after": "1" });
+}
+
+/** The view of the pool or cell named `key` under a document (null: the document has none of that name). */
+export function unitView(config: ClusterConfig, version: string, key: string): ClusterView | null {
+  const unit = routingUnits(config).find((u) => u.key === key);
+  return unit ? clusterView(config, version, unit) : null;
 }

@@ -1,7 +1,6 @@
-import { clusterState, clusterView, currentConfig, invalidateConfig, numberVar } from "../config/runtime";
+import { clusterState, currentConfig, invalidateConfig, numberVar } from "../config/runtime";
 import type { ClusterConfig, NodeConfig, Protocol } from "../config/schema";
 import { nodeAccess } from "../config/node-access";
-import { poolFor } from "../config/pools";
 import type { Env } from "../env";
 import type { RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
@@ -21,7 +20,8 @@ import type { ClusterView, RouteRequest } from "../state/types";
 import type { Ctx } from "./app-env";
 import { failureOf, refuseUnservableResponse, selectionFailure } from "./failures";
 import type { InferenceRequest, RequestKind } from "./request-schema";
-import { buildRouteRequest, configOfVersion, type BuiltRoute } from "./route-request";
+import { CellStates } from "./cell-states";
+import { buildRouteRequest, configOfVersion, unitView, type BuiltRoute } from "./route-request";
 
 // One body's way from the client to D's first byte: build the request the object decides on,
 // open its life, admit and route it, run the protocol's legs (P's, then D's). Every failure on
@@ -66,11 +66,13 @@ export async function route(c: Ctx, one: BodyToRoute): Promise<Routed> {
   const built = await buildRouteRequest(c, kind, body, raw.length, false, one.oneHop);
   if (kind === "responses") refuseUnservableResponse(built.config.protocol, body);
   built.request.route = path;
-  const life = openLife(c, one, built);
+  // cells: the first that is not busy, else a wait in the first (cell-states.ts)
+  const cells = built.cells.length > 1 ? new CellStates(cellStatesOf(c.env, built.cells)) : null;
+  const life = openLife(c, one, built, cells);
   one.onLife?.(life);
   life.waitedForState(built.configStateCalls);
   try {
-    const { config, request } = await admit(c, one, life, built);
+    const { config, request } = await admit(c, one, life, built, cells);
     const answer = await forwardLegs(c.env, one, life, config, request);
     recordAnswer(life, answer, one.oneHop === true);
     return { life, config, answer };
@@ -80,10 +82,12 @@ export async function route(c: Ctx, one: BodyToRoute): Promise<Routed> {
 }
 
 /** The request's life: its lease, renewals, legs, timers and log line from here to its one end. */
-function openLife(c: Ctx, { path, body, requestId }: BodyToRoute, { config, pool, request, keySource }: BuiltRoute): RequestLife {
+const cellStatesOf = (env: Env, cells: BuiltRoute["cells"]) => cells.map((cell) => ({ ...cell, state: clusterState(env, cell.key) }));
+
+function openLife(c: Ctx, { path, body, requestId }: BodyToRoute, { config, pool, request, keySource }: BuiltRoute, cells: CellStates | null): RequestLife {
   const ttlMs = numberVar(c.env.LEASE_TTL_MS, DEFAULT_LEASE_TTL_MS, positive);
   return new RequestLife({
-    state: clusterState(c.env, pool),
+    state: cells ?? clusterState(c.env, pool),
     waitUntil: (p) => background(c, p, requestId),
     requestId,
     route: path,
@@ -102,27 +106,29 @@ function openLife(c: Ctx, { path, body, requestId }: BodyToRoute, { config, pool
  * Admits and routes the request (one call to the pool's object: pick P and D, take the lease, or
  * wait at the edge), and resolves the document the decision was made under.
  */
-async function admit(c: Ctx, one: BodyToRoute, life: RequestLife, built: BuiltRoute): Promise<{ config: ClusterConfig; request: RouteRequest }> {
+async function admit(c: Ctx, one: BodyToRoute, life: RequestLife, built: BuiltRoute, cells: CellStates | null): Promise<{ config: ClusterConfig; request: RouteRequest }> {
   const env = c.env;
-  const { pool } = built;
   let { config, view, request } = built;
+  // the object the request is in: its pool's, or the cell it is routed (or waits) in
+  const unit = () => cells?.key ?? built.pool;
   // while it waits at the edge: this isolate's document, for the object to see an edit
   const refresh = async (): Promise<ClusterView | null> => {
     const fresh = await currentConfig(env);
-    const p = fresh.config ? poolFor(fresh.config, one.body.model) : null;
-    return fresh.config && p?.key === pool ? clusterView(fresh.config, fresh.version, p) : null;
+    return fresh.config ? unitView(fresh.config, fresh.version, unit()) : null;
   };
   let routed = await life.route(request, view, refresh);
   if (!routed.ok && routed.error.kind === "stale_view") {
     // the object holds a document this isolate read before: read it again and route once more
     invalidateConfig();
-    ({ config, view, request } = await buildRouteRequest(c, one.kind, one.body, one.raw.length, false, one.oneHop));
+    const again = await buildRouteRequest(c, one.kind, one.body, one.raw.length, false, one.oneHop);
+    ({ config, view, request } = again);
+    cells?.use(cellStatesOf(env, again.cells));
     request.route = one.path;
     routed = await life.route(request, view, refresh);
   }
   if (!routed.ok) throw selectionFailure(routed.error);
   if (routed.version && routed.version !== view.version)
-    config = await configOfVersion(env, config, one.body.model, routed.version, [routed.decision.prefill.id, routed.decision.decode.id]);
+    config = await configOfVersion(env, config, unit(), routed.version, [routed.decision.prefill.id, routed.decision.decode.id]);
   return { config, request };
 }
 

@@ -63,7 +63,10 @@ statusRoutes.get("/status.json", adminAuth({ isPublic: statusIsPublic }), async 
         noSignals: n.noSignals ?? false,
         // learned rates (SPEC 9): prefill tokens/s at context 0, decode step ms, KV transfer ms a GB
         rates: n.rates ?? null,
+        // cells (docs/scaling.md): the cell the node is in
+        ...(n.cell ? { cell: n.cell } : {}),
       })),
+      ...(snapshot.cells ? { cells: snapshot.cells } : {}),
       warnings: nodeWarnings(snapshot.nodes),
       // the last 15 minutes of per-node in-flight, KV use and queue, so the charts start filled
       history: snapshot.history,

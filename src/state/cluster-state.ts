@@ -104,6 +104,8 @@ export class ClusterState extends DurableObject {
     if (req.cluster) this.#syncCluster(req.cluster);
     const cluster = this.cluster;
     if (!cluster || cluster.version !== req.version) return { ok: false, error: { kind: "stale_view" } };
+    // cells: a stored response's turn belongs to the cell that remembers its nodes; another passes it on
+    if (req.spill && req.pinned && req.key && !this.sticky.get(req.key)) return { ok: false, error: { kind: "decode_busy", candidates: [] } };
     this.#sweep(now);
     // first come first served: those already waiting get what has freed before a newcomer does,
     // and a newcomer that ranks behind a request still waiting for the same nodes joins the queue
@@ -121,7 +123,9 @@ export class ClusterState extends DurableObject {
       if (routed.ok || routed.error.kind !== "decode_busy") return routed;
       // a dry run: what it would get once a node frees (the picks without the guard)
       if (req.dryRun) return this.#admission.wouldWait(this.#decide(req, cluster, now, false), routed.error.candidates);
-    }
+      // a cell with another to try: busy, nothing queued
+      if (req.spill) return routed;
+    } else if (req.spill) return { ok: false, error: { kind: "decode_busy", candidates: [] } };
     if (req.leaseId && this.#leases.consumeTombstone(req.leaseId)) return { ok: false, error: { kind: "client_gone" } };
     const admitted = this.#admission.wait(
       req,

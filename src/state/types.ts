@@ -40,6 +40,8 @@ export interface RouteRequest {
   tier?: Tier;
   /** whose fair share it counts against in the edge queue: its API key's label; absent: nobody's */
   flow?: string;
+  /** a cell that is not the request's last resort (docs/scaling.md): answer decode_busy instead of waiting at the edge, so the Worker asks the next cell */
+  spill?: boolean;
 }
 
 /** Why a request that waited at the edge was not admitted. */

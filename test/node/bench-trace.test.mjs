@@ -73,3 +73,33 @@ describe('prompt text from hash ids', () => {
     }
   });
 });
+
+describe('trace --cells (docs/scaling.md: a pool cut into cells)', () => {
+  it('reads the cell counts to run, 1 by default, and refuses anything but integers from 1 to 64', async () => {
+    const { cellsOption } = await import('../../bench/scenarios/trace.mjs');
+    expect(cellsOption(undefined)).toEqual([1]);
+    expect(cellsOption('1,2,4')).toEqual([1, 2, 4]);
+    for (const bad of ['0', '2.5', '65', 'x', '1,,2']) expect(() => cellsOption(bad)).toThrow(/--cells/);
+  });
+
+  it("shows the engines' peak KV use beside the figures of runs that have it, and not for older reports", async () => {
+    const { traceMarkdown } = await import('../../bench/scenarios/trace.mjs');
+    const row = {
+      policy: 'cache_aware, 2 cells',
+      hitRatio: 0.3,
+      ofCeiling: 1,
+      maxOverMean: 1,
+      maxOverMeanTokens: 1,
+      requestsPerNode: { a: 1 },
+      localityMissBlocks: 0,
+      errors: 0,
+      devProxyRetries: 0,
+      wallS: 1,
+      requestsPerS: 1,
+    };
+    const withPeak = traceMarkdown({ ceiling: 0.3, config: { requests: 1 }, results: [{ ...row, kvPeak: 0.085 }] });
+    expect(withPeak).toContain('| KV use peak |');
+    expect(withPeak).toContain('| 0.085 |');
+    expect(traceMarkdown({ ceiling: 0.3, config: { requests: 1 }, results: [row] })).not.toContain('KV use peak');
+  });
+});
