@@ -1,10 +1,10 @@
 import { readFile, mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 // @ts-expect-error plain JavaScript module without type declarations
 import { startRouter } from "../../scripts/router-process.mjs";
+import { freePort } from "../support/free-port";
 
 // The status page is a static asset (assets/status.html), outside the Worker's code, so that a
 // cold start does not load it. What an operator deploys is wrangler.toml as it is: this runs
@@ -14,17 +14,6 @@ import { startRouter } from "../../scripts/router-process.mjs";
 
 const ROOT = path.resolve(import.meta.dirname, "../..");
 const ADMIN_TOKEN = "assets-admin-token";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 describe("the status page as a static asset, under wrangler dev", () => {
   let router: { url: string; stop: () => Promise<void> };

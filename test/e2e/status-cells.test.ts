@@ -1,5 +1,4 @@
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { chromium, type Browser } from "playwright-core";
@@ -8,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
+import { freePort } from "../support/free-port";
 
 // A pool cut into cells (docs/scaling.md, "Cells"): the status page shows which cell's object
 // routes each node, as an operator needs to read a cell's load. Without cells the column is not
@@ -15,17 +15,6 @@ import { startRouter } from "../../scripts/router-process.mjs";
 
 const ADMIN_TOKEN = "e2e-cells-admin-token";
 const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 describe("status page with cells", () => {
   let cluster: any;

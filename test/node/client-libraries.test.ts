@@ -9,7 +9,6 @@ import { ChatOpenAI } from "@langchain/openai";
 import { generateText, streamText } from "ai";
 import OpenAI from "openai";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
@@ -17,19 +16,9 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
+import { freePort } from "../support/free-port";
 
 const ADMIN_TOKEN = "client-tests-admin-token";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 let cluster: any;
 let router: { url: string; stop: () => Promise<void>; output: () => string };
