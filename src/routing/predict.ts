@@ -72,7 +72,7 @@ export interface PredictedNode {
   waiting: number | null;
   /**
    * the node serves only as D: a waiting request the router did not send it as a prefill is a
-   * decode leg waiting for its KV (vLLM's WAITING_FOR_REMOTE_KVS) — a pull ahead of this one on
+   * decode leg waiting for its KV (vLLM's RequestStatus.WAITING_FOR_REMOTE_KVS, vllm/v1/core/sched/scheduler.py) — a pull ahead of this one on
    * D's link, not a prompt to prefill; absent or false: each is taken as a prompt's prefill
    */
   decodeOnly?: boolean;
