@@ -211,7 +211,10 @@ export async function startSimCluster({ engines: specs, controlPort = 0, host = 
       server.closeAllConnections();
       await new Promise((resolve) => server.close(() => resolve(undefined)));
       await Promise.all([...engines.values()].map((e) => e.close()));
-      for (const { clock } of registry.clocks.values()) clock.close();
+      for (const { clock, holds } of registry.clocks.values()) {
+        holds.close();
+        clock.close();
+      }
     },
   };
 }

@@ -125,7 +125,7 @@ export function freePort() {
  * @typedef {import('../../sim/cluster.mjs').EngineSpec} EngineSpec
  * @typedef {Awaited<ReturnType<typeof liveSim.startSimCluster>>} SimCluster
  * @typedef {Awaited<ReturnType<typeof startRouter>> & { inspectorPort: number }} Router
- * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, simNowMs: () => number, close: () => Promise<void> }} Stack
+ * @typedef {{ cluster: SimCluster, router: Router, stats: () => Promise<Record<string, any>>, requestStats: () => Promise<Record<string, Record<string, any>>>, simNowMs: () => number, time: () => { clock: import('../../sim/model/clock.mjs').SimClock, holds: import('../../sim/model/router-holds.mjs').RouterHolds }, close: () => Promise<void> }} Stack
  */
 
 /**
@@ -181,6 +181,8 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
     requestStats: () => control('/request-stats'),
     // the engines' simulated clock (one per cluster; sim/model/clock.mjs)
     simNowMs: () => /** @type {any} */ ([...cluster.engines.values()][0]).model().clock.now(),
+    // the cluster's clock and what stops it while the router has a request in hand (router-holds.mjs)
+    time: () => /** @type {any} */ ([...cluster.registry.clocks.values()][0]),
     close,
   };
 }

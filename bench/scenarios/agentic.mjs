@@ -99,6 +99,10 @@ export function agenticConfig(options) {
     // --profile: the document's `profile` (the learned rates' prior, SPEC 9) from the preset's public
     // figures at the run's time scale, as an operator sets it from the hardware (presetProfile)
     profile: options.profile === true,
+    // --router-time real: the router's real time between the engines passes as simulated time (as
+    // before issue 22's item 5); default held: the clock stands while the router has a request in
+    // hand, so a busy machine does not thin the closed loop (sim/model/router-holds.mjs)
+    routerTime: stringOption(options, 'router-time', 'held') === 'real' ? 'real' : 'held',
     quick,
   };
 }
@@ -143,7 +147,7 @@ export async function runAgentic(options) {
       const watch = cfg.slowNode
         ? watchRelearn({ routerUrl: stack.router.url, controlUrl: stack.cluster.controlUrl, node: cfg.slowNode, preset: cfg.preset, factor: cfg.slowFactor, slowAtS: cfg.slowAtS })
         : null;
-      const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions, cfg.stream);
+      const outcomes = await replay(stack, trace, cfg.timeScale, c.name, cfg.maxInflightSessions, cfg.stream, cfg.routerTime === 'held');
       const wallS = (performance.now() - started) / 1000;
       const relearn = watch ? await watch.stop() : undefined;
       if (relearn)
@@ -155,7 +159,14 @@ export async function runAgentic(options) {
       const metrics = await routerMetrics(stack.router.url);
       process.stderr.write(`agentic ${c.name}: ${round(wallS, 1)} s\n`);
       const figures = agenticFigures(c, outcomes, stats, perRequest, cfg.timeScale, metrics, trace.length);
-      return { ...figures, decodeKvCeiling: ceilingOf(trace, stats, cfg.maxInflightSessions, figures.tpotP90Ms), wallS: round(wallS, 1), ...(relearn ? { relearn } : {}) };
+      const time = stack.time();
+      return {
+        ...figures,
+        decodeKvCeiling: ceilingOf(trace, stats, cfg.maxInflightSessions, figures.tpotP90Ms),
+        wallS: round(wallS, 1),
+        routerTime: { mode: cfg.routerTime, heldS: round(time.clock.heldRealMs / 1000, 1), holds: time.holds.holds, capped: time.holds.capped },
+        ...(relearn ? { relearn } : {}),
+      };
     } finally {
       await stack.close();
     }
@@ -232,7 +243,7 @@ async function runInChild(c, options) {
 }
 
 /**
- * @typedef {{ id: string, session?: number, turn?: number, status: number, error?: string, totalMs: number, mode?: string, edgeQueueMs?: number, retries?: number }} AgenticOutcome
+ * @typedef {{ id: string, session?: number, turn?: number, status: number, error?: string, totalMs: number, mode?: string, edgeQueueMs?: number, retries?: number, routerHeldMs?: number }} AgenticOutcome
  *   mode: the route receipt (x-pd-mode); edgeQueueMs: real ms the request waited at the edge for a
  *   decode node that was not busy (server-timing `queue`), 0 when it did not wait
  */
@@ -251,9 +262,11 @@ export function edgeQueueMs(header) {
  * @param {import('../lib/agentic-trace.mjs').AgenticRequest[]} trace
  * @param {number} timeScale @param {string} tag @param {number} [maxInflightSessions] 0: no cap
  * @param {boolean} [stream] the clients stream their answers (--stream)
+ * @param {boolean} [holdRouterTime] stop the clock while the router has a request in hand (--router-time)
  */
-async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, stream = false) {
+async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, stream = false, holdRouterTime = false) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
+  const holds = holdRouterTime ? stack.time().holds : undefined;
   const t0 = stack.simNowMs();
   /** wait until the cluster's clock reaches t0 + ms (simulated) */
   const until = async (/** @type {number} */ ms) => {
@@ -274,8 +287,10 @@ async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, str
   const runSession = async (/** @type {typeof trace} */ turns) => {
     await until(turns[0].arrivalS * 1000);
     for (const r of turns) {
-      if (r.thinkS > 0) await sleep(r.thinkS * 1000 * timeScale);
+      // the tool's run between two turns, in simulated time
+      if (r.thinkS > 0) await until(stack.simNowMs() - t0 + r.thinkS * 1000);
       const id = `agentic-s${r.session}-t${r.turn}`;
+      holds?.sent(id);
       // a keep-alive socket the server closed while idle (a session's tool run) is retried: the
       // request never reached the router (http-client.mjs isDevProxyGlitch); counted
       const res = await postJsonRetrying(
@@ -283,6 +298,7 @@ async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, str
         { model: 'sim-model', prompt: promptOfTraceRequest(r), max_tokens: r.output_length, stream },
         { agent, headers: { 'x-request-id': id, 'x-session-id': `${tag}-s${r.session}` } },
       );
+      const routerHeldMs = holds?.answered(id);
       const error = res.error ?? (res.status === 200 ? undefined : `HTTP ${res.status}: ${JSON.stringify(res.json ?? '').slice(0, 200)}`);
       outcomes.push({
         id,
@@ -294,6 +310,7 @@ async function replay(stack, trace, timeScale, tag, maxInflightSessions = 0, str
         mode: typeof res.headers['x-pd-mode'] === 'string' ? res.headers['x-pd-mode'] : undefined,
         edgeQueueMs: edgeQueueMs(res.headers['server-timing']),
         retries: res.retries ?? 0,
+        routerHeldMs,
       });
       if (error) break; // the session's history is broken from here
     }
@@ -379,7 +396,10 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
   // every gap between two tokens the decoding engines emitted (a step that also landed KV or ran a prefill chunk shows here)
   const itl = decodeSide.flatMap((e) => e.itlMs ?? []);
   const e2e = ok.map((o) => edge(o) + answered.get(o.id).e2eMs);
-  const overhead = ok.map((o) => Math.max(0, o.totalMs / timeScale - edge(o) - answered.get(o.id).e2eMs));
+  // the router's own time a request, in simulated ms as it would have passed: with the clock held
+  // (--router-time held) the real ms it had the request in hand, else what the client waited
+  // beyond the engines and the edge queue
+  const overhead = ok.map((o) => (o.routerHeldMs !== undefined ? o.routerHeldMs / timeScale : Math.max(0, o.totalMs / timeScale - edge(o) - answered.get(o.id).e2eMs)));
   const queued = ok.filter((o) => (o.edgeQueueMs ?? 0) > 0);
   const prefillRecs = ok.map((o) => prefilled.get(o.id)).filter(Boolean);
   /** @type {Record<string, number>} */

@@ -74,6 +74,9 @@ export function multiturnConfig(options) {
     outputTokens: numberOption(options, 'output-tokens', quick ? 64 : 128),
     concurrency: numberOption(options, 'concurrency', quick ? 8 : 12),
     timeScale: numberOption(options, 'time-scale', quick ? 0.1 : 0.5),
+    // --router-time real: the router's real time passes as simulated time; default held: the clock
+    // stands while the router has a turn in hand (sim/model/router-holds.mjs, agentic.mjs alike)
+    routerTime: options['router-time'] === 'real' ? 'real' : 'held',
     engine: engineOverrides(options),
     quick,
   };
@@ -84,10 +87,11 @@ export function multiturnConfig(options) {
  * @param {string} routerUrl
  * @param {{ conversations: number, turns: number, firstTurnTokens: number, turnTokens: number, outputTokens: number, concurrency: number }} cfg
  * @param {string} [idPrefix] x-request-id prefix
+ * @param {import('../../sim/model/router-holds.mjs').RouterHolds} [holds] told when a turn is sent and answered
  */
-export async function runConversations(routerUrl, cfg, idPrefix = '') {
+export async function runConversations(routerUrl, cfg, idPrefix = '', holds = undefined) {
   const agent = createAgent(cfg.concurrency);
-  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, totalMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string, mode?: string }[]} */
+  /** @type {{ conv: number, turn: number, status: number, error?: string, ttfbMs: number, totalMs: number, retries: number, cachedTokens: number, promptTokens: number, prefill?: string, decode?: string, mode?: string, routerHeldMs?: number }[]} */
   const turns = [];
   let nextConv = 0;
   const worker = async () => {
@@ -98,11 +102,14 @@ export async function runConversations(routerUrl, cfg, idPrefix = '') {
       for (let t = 1; t <= cfg.turns; t++) {
         const tokens = t === 1 ? cfg.firstTurnTokens : cfg.turnTokens;
         messages.push({ role: 'user', content: seededText(c * 1000 + t, tokens * CHARS_PER_TOKEN, `conversation ${c} turn ${t}:`) });
+        const id = `${idPrefix}conv${c}-turn${t}`;
+        holds?.sent(id);
         const res = await postJsonRetrying(
           `${routerUrl}/v1/chat/completions`,
           { model: 'sim-model', messages, stream: true, stream_options: { include_usage: true }, max_tokens: cfg.outputTokens },
-          { agent, headers: { 'x-request-id': `${idPrefix}conv${c}-turn${t}` } },
+          { agent, headers: { 'x-request-id': id } },
         );
+        const routerHeldMs = holds?.answered(id);
         turns.push({
           conv: c,
           turn: t,
@@ -111,6 +118,7 @@ export async function runConversations(routerUrl, cfg, idPrefix = '') {
           ttfbMs: res.ttfbMs,
           totalMs: res.totalMs,
           retries: res.retries ?? 0,
+          routerHeldMs,
           cachedTokens: res.usage?.prompt_tokens_details?.cached_tokens ?? 0,
           promptTokens: res.usage?.prompt_tokens ?? 0,
           prefill: /** @type {string | undefined} */ (res.headers['x-pd-prefill']),
@@ -155,11 +163,16 @@ export async function runMultiturn(options) {
       const started = performance.now();
       const simStart = stack.simNowMs();
       const share = c.loadShare ?? 1;
-      const turns = await runConversations(stack.router.url, {
-        ...cfg,
-        conversations: Math.max(1, Math.round(cfg.conversations * share)),
-        concurrency: Math.max(1, Math.round(cfg.concurrency * share)),
-      });
+      const turns = await runConversations(
+        stack.router.url,
+        {
+          ...cfg,
+          conversations: Math.max(1, Math.round(cfg.conversations * share)),
+          concurrency: Math.max(1, Math.round(cfg.concurrency * share)),
+        },
+        '',
+        cfg.routerTime === 'held' ? stack.time().holds : undefined,
+      );
       const simSpanMs = stack.simNowMs() - simStart;
       const wallS = (performance.now() - started) / 1000;
       const stats = await stack.stats();
@@ -172,6 +185,7 @@ export async function runMultiturn(options) {
         concurrency: Math.max(1, Math.round(cfg.concurrency * (c.loadShare ?? 1))),
         ...multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, timeScale: cfg.timeScale, concurrency: Math.max(1, Math.round(cfg.concurrency * share)) }),
         totalS: round((performance.now() - t0) / 1000, 1),
+        routerTime: { mode: cfg.routerTime, heldS: round(stack.time().clock.heldRealMs / 1000, 1), holds: stack.time().holds.holds, capped: stack.time().holds.capped },
       });
       process.stderr.write(`multiturn ${name}: ${round(wallS, 1)} s\n`);
     } finally {
@@ -199,7 +213,7 @@ export async function runMultiturn(options) {
 
 /**
  * @param {object} input
- * @param {{ conv: number, turn: number, status: number, error?: string, totalMs?: number, mode?: string }[]} input.turns
+ * @param {{ conv: number, turn: number, status: number, error?: string, totalMs?: number, mode?: string, routerHeldMs?: number }[]} input.turns
  * @param {Record<string, any>} input.stats engine id -> engine stats
  * @param {Record<string, Record<string, any>>} input.perRequest x-request-id -> engine id -> leg figures
  * @param {number} input.wallS
@@ -237,8 +251,9 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   const itl = ds.flatMap((e) => e.itlMs);
   const outputTokens = sum(ds, (e) => e.outputTokens);
   const dBusy = sum(ds, (e) => e.busyMs);
-  // The router's own time in a turn: what the client waited (real ms) beyond the engines' simulated
-  // time for it (P's queue and prefill, D's wait, pull and decode), in simulated ms.
+  // The router's own time in a turn, in simulated ms as it would have passed: with the clock held
+  // (--router-time held) the real ms the router had the turn in hand, else what the client waited
+  // (real ms) beyond the engines' simulated time for it (P's queue and prefill, D's wait, pull and decode).
   /** @type {Map<string, number>} */
   const e2eByTurn = new Map();
   for (const [id, legs] of Object.entries(perRequest)) {
@@ -252,7 +267,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   for (const t of turns) {
     const e2e = e2eByTurn.get(`conv${t.conv}-turn${t.turn}`);
     if (e2e === undefined || t.totalMs === undefined) continue;
-    const overhead = Math.max(0, t.totalMs / timeScale - e2e);
+    const overhead = t.routerHeldMs !== undefined ? t.routerHeldMs / timeScale : Math.max(0, t.totalMs / timeScale - e2e);
     overheadSimMs.push(overhead);
     overheadShare.push(overhead / (overhead + e2e));
   }

@@ -42,7 +42,12 @@ export async function handleCompletion(state, req, res, path) {
     ctx.closed = true;
     ctx.onClose?.();
     if (!res.writableFinished && !ctx.destroyedByUs) state.stats.clientAborts++;
+    state.time.holds.legEnded(legId);
   });
+  // the router has handed a leg of this request to an engine: its own time for it stops here
+  // (sim/model/router-holds.mjs; a no-op unless a benchmark client said it sent the request)
+  const legId = /** @type {string | undefined} */ (req.headers['x-request-id']);
+  state.time.holds.legStarted(legId);
   const raw = await readBody(req);
   const roomMatch = /"bootstrap_room"\s*:\s*(-?\d+|"[^"]*")/.exec(raw);
   /** @type {RequestLogEntry} */

@@ -3,6 +3,7 @@
 // cluster's simulated clock and network.
 import { SimClock } from '../model/clock.mjs';
 import { Fabric } from '../model/fabric.mjs';
+import { RouterHolds } from '../model/router-holds.mjs';
 import { publish, waitFor } from '../wire.mjs';
 
 /**
@@ -30,14 +31,15 @@ export function createRegistry() {
 }
 
 /**
- * The cluster's clock and network for a time scale.
+ * The cluster's clock and network for a time scale, and what stops the clock while the router has a
+ * request in hand (sim/model/router-holds.mjs; only the benchmark's clients start such holds).
  * @param {Registry} registry @param {number} timeScale
  */
 export function clusterTime(registry, timeScale) {
   let entry = registry.clocks.get(timeScale);
   if (!entry) {
     const clock = new SimClock(timeScale);
-    entry = { clock, fabric: new Fabric(clock) };
+    entry = { clock, fabric: new Fabric(clock), holds: new RouterHolds(clock) };
     registry.clocks.set(timeScale, entry);
   }
   return entry;

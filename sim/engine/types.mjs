@@ -80,7 +80,7 @@
  * @property {Map<string, HeldKv>} handles vLLM KV handles by `remote_engine_id/remote_request_id` (and Mooncake transfers by `mc/engine/transfer_id`)
  * @property {Map<string, TransferEntry>} transfers Mooncake prefills by `engineId/transfer_id`
  * @property {Map<string, Set<(entry: TransferEntry) => void>>} transferWaiters
- * @property {Map<number, { clock: SimClock, fabric: Fabric }>} clocks the cluster's simulated clock and
+ * @property {Map<number, { clock: SimClock, fabric: Fabric, holds: import('../model/router-holds.mjs').RouterHolds }>} clocks the cluster's simulated clock and
  *   its network, one per time scale (a cluster normally has one; the test suite mixes two)
  *
  * @typedef {{ key: string, engineId: string, digest: string, blocks: number, state: 'held' | 'read' | 'released' | 'expired', free: (how: 'read' | 'released' | 'expired') => void }} HeldKv

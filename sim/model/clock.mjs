@@ -7,6 +7,12 @@
 //   lengths stay exact in simulated time; only the pacing slips, and it catches up.
 // timeScale 0: no pacing at all; events run in time order as fast as the event loop allows and the
 //   clock jumps from one to the next (a discrete-event simulation).
+//
+// hold() / release() stop the paced clock and start it again (counted: it runs when every hold is
+// released). While held, simulated time does not pass and no event fires; on release the clock goes
+// on from where it stopped, every pending event as far ahead as it was. The benchmark holds it
+// while the router, not an engine, has a request in hand (sim/model/router-holds.mjs): the
+// router's real time, which a busy machine stretches, is then not simulated time the engines see.
 
 /**
  * @typedef {{ cancel: () => void }} Scheduled
@@ -26,12 +32,40 @@ export class SimClock {
     this.seq = 0;
     this.draining = false;
     this.closed = false;
+    /** open holds; the clock stands while there is one */
+    this.holds = 0;
+    /** real time the current hold began */
+    this.heldAt = 0;
+    /** real ms the clock has stood in all */
+    this.heldRealMs = 0;
+    /** events due while the clock stood, armed again on release */
+    /** @type {{ t: number, fn: (t: number) => void, cancelled: boolean, handle?: ReturnType<typeof setTimeout> | ReturnType<typeof setImmediate>, immediate?: boolean }[]} */
+    this.deferred = [];
+  }
+
+  /** Stop simulated time until the matching release(). Paced clocks only (timeScale > 0). */
+  hold() {
+    if (this.timeScale === 0 || this.closed) return;
+    if (this.holds++ === 0) this.heldAt = performance.now();
+  }
+
+  /** Release a hold: with none left, time goes on from where it stood. */
+  release() {
+    if (this.timeScale === 0 || this.holds === 0) return;
+    if (--this.holds > 0) return;
+    const stood = performance.now() - this.heldAt;
+    this.origin += stood;
+    this.heldRealMs += stood;
+    const due = this.deferred.sort((a, b) => a.t - b.t);
+    this.deferred = [];
+    for (const entry of due) if (!entry.cancelled) this.#arm(entry);
   }
 
   /** Simulated ms now. */
   now() {
     if (this.timeScale === 0) return this.fired;
-    return Math.max(this.fired, (performance.now() - this.origin) / this.timeScale);
+    const real = this.holds > 0 ? this.heldAt : performance.now();
+    return Math.max(this.fired, (real - this.origin) / this.timeScale);
   }
 
   /**
@@ -48,21 +82,39 @@ export class SimClock {
       this.#drainSoon();
       return { cancel: () => void (entry.cancelled = true) };
     }
-    let cancelled = false;
-    const fire = () => {
-      if (cancelled || this.closed) return;
-      if (t > this.fired) this.fired = t;
-      fn(t);
+    const entry = { t, fn, cancelled: false };
+    this.#arm(entry);
+    return {
+      cancel: () => {
+        entry.cancelled = true;
+        if (entry.handle !== undefined) (entry.immediate ? clearImmediate : clearTimeout)(/** @type {any} */ (entry.handle));
+      },
     };
-    const delay = this.origin + t * this.timeScale - performance.now();
+  }
+
+  /**
+   * Fire a paced event when real time reaches it; while the clock stands, keep it for release().
+   * @param {{ t: number, fn: (t: number) => void, cancelled: boolean, handle?: any, immediate?: boolean }} entry
+   */
+  #arm(entry) {
+    if (this.holds > 0) {
+      entry.handle = undefined;
+      this.deferred.push(entry);
+      return;
+    }
+    const fire = () => {
+      entry.handle = undefined;
+      if (entry.cancelled || this.closed) return;
+      // the clock stood (or stands) since this was armed: it is due later in real time
+      if (this.holds > 0 || this.origin + entry.t * this.timeScale - performance.now() >= 1) return this.#arm(entry);
+      if (entry.t > this.fired) this.fired = entry.t;
+      entry.fn(entry.t);
+    };
+    const delay = this.origin + entry.t * this.timeScale - performance.now();
     // below a millisecond a timer would round up to one: yield instead, and let later events
     // (due after real time has caught up) be paced by real timers
-    if (delay < 1) {
-      const h = setImmediate(fire);
-      return { cancel: () => ((cancelled = true), clearImmediate(h)) };
-    }
-    const h = setTimeout(fire, delay);
-    return { cancel: () => ((cancelled = true), clearTimeout(h)) };
+    entry.immediate = delay < 1;
+    entry.handle = entry.immediate ? setImmediate(fire) : setTimeout(fire, delay);
   }
 
   /** Resolves `ms` simulated milliseconds from now. @param {number} ms */
@@ -74,6 +126,7 @@ export class SimClock {
   close() {
     this.closed = true;
     this.queue.length = 0;
+    this.deferred.length = 0;
   }
 
   #drainSoon() {
