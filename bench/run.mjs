@@ -18,6 +18,7 @@ const SCENARIOS = {
   abandoned: () => import('./scenarios/abandoned.mjs').then((m) => m.runAbandoned),
   'handle-retry': () => import('./scenarios/handle-retry.mjs').then((m) => m.runHandleRetry),
   seeds: () => import('./scenarios/seeds.mjs').then((m) => m.runSeeds),
+  'seeds-spread': () => import('./scenarios/seeds.mjs').then((m) => m.runSeedsSpread),
   docs: () => import('./scenarios/docs.mjs').then((m) => m.runDocs),
   soak: () => import('./scenarios/soak.mjs').then((m) => m.runSoak),
   tiers: () => import('./scenarios/tiers.mjs').then((m) => m.runTiers),
@@ -44,6 +45,8 @@ tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --un
   seeds       the scorecard: every published comparison of the seeds (25) against the headline runs in
               bench/results/ (multiturn, agentic, agentic-ablation, agentic-breakdown); writes
               bench/results/seeds.json and the table of docs/benchmark-seeds.md; runs nothing itself
+  seeds-spread --dirs A,B,... [--labels a,b,...]: the scorecards of several directories of runs
+              (scripts/seeds-runs.sh DIR [busy-loops]) side by side, and which comparisons change direction
   docs        rebuilds the results blocks of docs/benchmark.md from bench/results/*.json; runs nothing itself
   chart       --json PATH: re-draw the SVG of an earlier run
 

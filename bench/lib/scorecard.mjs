@@ -425,3 +425,55 @@ export function generatedPart(doc) {
   if (i < 0 || j < i) return undefined;
   return doc.slice(i + DOC_BEGIN.length, j).trim();
 }
+
+/**
+ * Several runs of the scorecard side by side (issue 22, item 5: the directions must not change
+ * between quiet runs and one on a busy machine): per comparison, ours in each run and whether
+ * every run points the same way; per run, its counts and the machine's load.
+ * @param {{ label: string, rows: ScoreRow[], loadAverage?: number[] }[]} runs
+ */
+export function spread(runs) {
+  const first = runs[0]?.rows ?? [];
+  const rows = first.map((row, i) => {
+    const each = runs.map((r) => r.rows[i]);
+    const ratios = each.map((r) => r?.oursRatio ?? null).filter((x) => x !== null && Number.isFinite(x));
+    const directions = each.map((r) => (r?.ours ? r.direction : null));
+    return {
+      n: row.n,
+      what: row.what,
+      publishedRatio: row.publishedRatio,
+      ours: each.map((r) => r?.oursRatio ?? null),
+      directions,
+      within: each.map((r) => (r?.ours ? r.within : null)),
+      // the same answer (published way or not) in every run that has the comparison
+      stable: new Set(directions.filter((d) => d !== null)).size <= 1,
+      min: ratios.length ? Math.min(...ratios) : null,
+      max: ratios.length ? Math.max(...ratios) : null,
+    };
+  });
+  return {
+    runs: runs.map((r) => ({ label: r.label, loadAverage: r.loadAverage, ...summary(r.rows) })),
+    rows,
+    stable: rows.filter((r) => r.stable).length,
+    changed: rows.filter((r) => !r.stable).map((r) => r.n),
+  };
+}
+
+/** @param {ReturnType<typeof spread>} s */
+export function spreadMarkdown(s) {
+  const yes = (/** @type {boolean | null} */ d) => (d === null ? '-' : d ? 'yes' : 'NO');
+  const fmt = (/** @type {number | null} */ x) => (x === null ? '-' : Number.isFinite(x) ? `${x}x` : '∞x');
+  return [
+    `${s.stable} of ${s.rows.length} comparisons point the same way in all ${s.runs.length} runs${s.changed.length ? `; changed: #${s.changed.join(', #')}` : ''}.`,
+    '',
+    '| run | load average (1/5/15 min, at its end) | published way | within ±35% |',
+    '|---|---|---|---|',
+    ...s.runs.map((r) => `| ${r.label} | ${(r.loadAverage ?? []).map((x) => x.toFixed(1)).join(' / ')} | ${r.direction} | ${r.within} |`),
+    '',
+    `| # | comparison | published | ${s.runs.map((r) => r.label).join(' | ')} | same way in all |`,
+    `|---|---|---|${s.runs.map(() => '---|').join('')}---|`,
+    ...s.rows.map(
+      (r) => `| ${r.n} | ${r.what} | ${fmt(r.publishedRatio)} | ${r.ours.map((x, i) => `${fmt(x)} ${yes(r.directions[i])}`).join(' | ')} | ${r.stable ? 'yes' : 'NO'} |`,
+    ),
+  ].join('\n');
+}

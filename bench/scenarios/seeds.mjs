@@ -6,7 +6,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringOption } from '../lib/args.mjs';
-import { RUN_FILES, diagnostics, scorecard, scorecardMarkdown, spliceGenerated, summary } from '../lib/scorecard.mjs';
+import { RUN_FILES, diagnostics, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown, summary } from '../lib/scorecard.mjs';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const SEEDS_JSON = path.join(REPO, 'bench', 'results', 'seeds.json');
@@ -51,6 +51,40 @@ export async function runSeeds(options) {
         { name: 'published ratio', values: card.rows.map((r) => r.publishedRatio) },
         { name: 'ours', values: card.rows.map((r) => (r.oursRatio !== null && Number.isFinite(r.oursRatio) ? r.oursRatio : 0)) },
       ],
+    },
+  };
+}
+
+/**
+ * `npm run bench -- seeds-spread --dirs A,B,... [--labels a,b,...]`: the scorecards of several
+ * directories of runs (scripts/seeds-runs.sh) side by side: which comparisons change direction
+ * between them (issue 22, item 5). Runs nothing itself.
+ * @param {Record<string, string | true>} options
+ */
+export async function runSeedsSpread(options) {
+  const dirs = (stringOption(options, 'dirs') ?? '').split(',').filter(Boolean);
+  if (dirs.length < 2) throw new Error('seeds-spread: --dirs A,B[,...] (directories of scripts/seeds-runs.sh) is required');
+  const labels = (stringOption(options, 'labels') ?? '').split(',').filter(Boolean);
+  const runs = dirs.map((dir, i) => {
+    const card = buildScorecard(dir);
+    // the machine's load at the end of each of the four runs: the highest
+    const loads = Object.values(RUN_FILES)
+      .map((f) => path.join(dir, f))
+      .filter((p) => existsSync(p))
+      .map((p) => JSON.parse(readFileSync(p, 'utf8')).machine?.loadAverage)
+      .filter(Array.isArray);
+    const loadAverage = loads.length ? [0, 1, 2].map((k) => Math.max(...loads.map((l) => l[k]))) : undefined;
+    return { label: labels[i] ?? path.basename(dir), rows: card.rows, loadAverage };
+  });
+  const s = spread(runs);
+  return {
+    defaultJson: path.join(REPO, 'bench', 'results', 'seeds-spread.json'),
+    report: { scenario: 'seeds-spread', dirs, ...s, results: s.rows },
+    table: spreadMarkdown(s),
+    chart: {
+      title: 'seeds-spread: ours per run (raw ratios)',
+      series: s.rows.map((r) => `#${r.n}`),
+      figures: runs.map((r, i) => ({ name: r.label, values: s.rows.map((row) => (row.ours[i] !== null && Number.isFinite(row.ours[i]) ? row.ours[i] : 0)) })),
     },
   };
 }

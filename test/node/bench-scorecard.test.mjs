@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { DOC_BEGIN, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated } from '../../bench/lib/scorecard.mjs';
+import { DOC_BEGIN, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown } from '../../bench/lib/scorecard.mjs';
 import { SEEDS_DOC, SEEDS_JSON } from '../../bench/scenarios/seeds.mjs';
 
 // The seeds' scorecard (issue 22): every published comparison scored on effect size, the counts
@@ -45,5 +45,33 @@ describe('docs/benchmark-seeds.md', () => {
     expect(doc).toContain(DOC_BEGIN);
     expect(generatedPart(doc)).toBe(scorecardMarkdown(card).trim());
     expect(generatedPart(spliceGenerated(doc, 'x'))).toBe('x');
+  });
+});
+
+describe('several runs side by side (seeds-spread, issue 22 item 5)', () => {
+  /** @param {number} n @param {number | null} ours @param {boolean} direction */
+  const row = (n, ours, direction) => ({
+    n,
+    what: `row ${n}`,
+    publishedRatio: 1.5,
+    oursRatio: ours,
+    ours: ours === null ? null : { a: 1, b: 1 },
+    direction,
+    within: false,
+    fitted: [],
+  });
+  it('names the comparisons whose direction changes between runs, and counts each run', () => {
+    const s = spread([
+      { label: 'quiet-1', rows: [row(1, 1.2, true), row(2, 0.98, false), row(3, null, false)], loadAverage: [1, 1, 1] },
+      { label: 'busy', rows: [row(1, 1.1, true), row(2, 1.03, true), row(3, null, false)], loadAverage: [4, 3, 2] },
+    ]);
+    expect(s.changed).toEqual([2]);
+    expect(s.stable).toBe(2); // a comparison no run has is not a change
+    expect(s.rows[0]).toMatchObject({ min: 1.1, max: 1.2, directions: [true, true], stable: true });
+    expect(s.rows[2].directions).toEqual([null, null]);
+    expect(s.runs.map((r) => r.direction)).toEqual([1, 2]);
+    const md = spreadMarkdown(s);
+    expect(md).toContain('2 of 3 comparisons point the same way in all 2 runs; changed: #2.');
+    expect(md).toContain('| 2 | row 2 | 1.5x | 0.98x NO | 1.03x yes | NO |');
   });
 });
