@@ -6,7 +6,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringOption } from '../lib/args.mjs';
-import { RUN_FILES, diagnostics, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown, summary } from '../lib/scorecard.mjs';
+import { RUN_FILES, SPREAD_BEGIN, SPREAD_END, diagnostics, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown, summary } from '../lib/scorecard.mjs';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const SEEDS_JSON = path.join(REPO, 'bench', 'results', 'seeds.json');
@@ -27,7 +27,7 @@ export function buildScorecard(dir) {
     runs[k] = JSON.parse(readFileSync(p, 'utf8'));
     const md = p.replace(/\.json$/, '.md');
     const command = existsSync(md) ? (/^`([^`]+)`/.exec(readFileSync(md, 'utf8'))?.[1] ?? file) : file;
-    sources[k] = `bench/results/${file} (\`${command}\`)`;
+    sources[k] = `${path.relative(REPO, p)} (\`${command}\`)`;
   }
   const rows = scorecard(runs);
   return { rows, diagnostics: diagnostics(runs), summary: summary(rows), sources };
@@ -56,9 +56,10 @@ export async function runSeeds(options) {
 }
 
 /**
- * `npm run bench -- seeds-spread --dirs A,B,... [--labels a,b,...]`: the scorecards of several
- * directories of runs (scripts/seeds-runs.sh) side by side: which comparisons change direction
- * between them (issue 22, item 5). Runs nothing itself.
+ * `npm run bench -- seeds-spread --dirs A,B,... [--labels a,b,...] [--no-doc]`: the scorecards of
+ * several directories of runs (scripts/seeds-runs.sh) side by side: which comparisons change
+ * direction between them (issue 22, item 5). Writes the "Host load" part of
+ * docs/benchmark-seeds.md unless --no-doc. Runs nothing itself.
  * @param {Record<string, string | true>} options
  */
 export async function runSeedsSpread(options) {
@@ -77,10 +78,13 @@ export async function runSeedsSpread(options) {
     return { label: labels[i] ?? path.basename(dir), rows: card.rows, loadAverage };
   });
   const s = spread(runs);
+  const markdown = spreadMarkdown(s);
+  // the committed spread is part of the seeds' document (its "Host load" section); --no-doc for others
+  if (options['no-doc'] !== true && existsSync(SEEDS_DOC)) writeFileSync(SEEDS_DOC, spliceGenerated(readFileSync(SEEDS_DOC, 'utf8'), markdown, SPREAD_BEGIN, SPREAD_END));
   return {
     defaultJson: path.join(REPO, 'bench', 'results', 'seeds-spread.json'),
     report: { scenario: 'seeds-spread', dirs, ...s, results: s.rows },
-    table: spreadMarkdown(s),
+    table: markdown,
     chart: {
       title: 'seeds-spread: ours per run (raw ratios)',
       series: s.rows.map((r) => `#${r.n}`),

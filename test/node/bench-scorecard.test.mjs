@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { DOC_BEGIN, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown } from '../../bench/lib/scorecard.mjs';
+import { DOC_BEGIN, SPREAD_BEGIN, SPREAD_END, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown } from '../../bench/lib/scorecard.mjs';
 import { SEEDS_DOC, SEEDS_JSON } from '../../bench/scenarios/seeds.mjs';
 
 // The seeds' scorecard (issue 22): every published comparison scored on effect size, the counts
@@ -73,5 +73,13 @@ describe('several runs side by side (seeds-spread, issue 22 item 5)', () => {
     const md = spreadMarkdown(s);
     expect(md).toContain('2 of 3 comparisons point the same way in all 2 runs; changed: #2.');
     expect(md).toContain('| 2 | row 2 | 1.5x | 0.98x NO | 1.03x yes | NO |');
+  });
+});
+
+describe('docs/benchmark-seeds.md, its Host load part', () => {
+  it('is the committed seeds-spread.json, as `npm run bench -- seeds-spread` writes it', () => {
+    const doc = readFileSync(SEEDS_DOC, 'utf8');
+    const committed = JSON.parse(readFileSync(SEEDS_JSON.replace('seeds.json', 'seeds-spread.json'), 'utf8'));
+    expect(generatedPart(doc, SPREAD_BEGIN, SPREAD_END)).toBe(spreadMarkdown(committed).trim());
   });
 });
