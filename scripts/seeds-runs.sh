@@ -6,7 +6,7 @@
 # scripts/test-under-load.sh) and stop however it ends. Each run's command is the one
 # docs/benchmark-seeds.md gives for the committed results; `npm run bench -- seeds --dir DIR
 # --no-doc` then scores them without touching the committed scorecard. Compare directories with
-# `npm run bench -- seeds-spread DIR...`.
+# `npm run bench -- seeds-spread --dirs A,B,... [--labels a,b,...]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/seeds-runs.sh DIR [busy-loops] [bench flags...]}
@@ -15,13 +15,9 @@ shift $(($# < 2 ? $# : 2))
 extra=("$@")
 mkdir -p "$dir"
 export WRANGLER_SEND_METRICS=false CLOUDFLARE_CF_FETCH_ENABLED=false
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
-trap stop EXIT
-for _ in $(seq "$loops"); do
-  (while :; do :; done) &
-  pids+=($!)
-done
+# shellcheck source=busy-loops.sh
+. scripts/busy-loops.sh
+start_busy_loops "$loops"
 run() {
   local name=$1
   shift

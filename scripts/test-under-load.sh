@@ -9,13 +9,9 @@ cd "$(dirname "$0")/.."
 loops=${1:-4}
 runs=${2:-1}
 export WRANGLER_SEND_METRICS=false CLOUDFLARE_CF_FETCH_ENABLED=false
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
-trap stop EXIT
-for _ in $(seq "$loops"); do
-  (while :; do :; done) &
-  pids+=($!)
-done
+# shellcheck source=busy-loops.sh
+. scripts/busy-loops.sh
+start_busy_loops "$loops"
 failed=0
 for run in $(seq "$runs"); do
   start=$(date +%s)
