@@ -1,65 +1,40 @@
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import path from "node:path";
-import { chromium, type Browser } from "playwright-core";
+import type { Browser } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-// @ts-expect-error plain JS module of the simulator
-import { startSimCluster } from "../../sim/cluster.mjs";
-// @ts-expect-error plain JS module
-import { startRouter } from "../../scripts/router-process.mjs";
-import { freePort } from "../support/free-port";
+import { launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
 
 // A pool cut into cells (docs/scaling.md, "Cells"): the status page shows which cell's object
 // routes each node, as an operator needs to read a cell's load. Without cells the column is not
 // there (test/e2e/status-page.test.ts reads the first columns of the same table).
 
 const ADMIN_TOKEN = "e2e-cells-admin-token";
-const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 
 describe("status page with cells", () => {
   let cluster: any;
-  let router: { url: string; stop: () => Promise<void> };
+  let router: TestRouter;
   let browser: Browser;
-  let persistDir: string;
 
   beforeAll(async () => {
-    cluster = await startSimCluster({
-      defaults: { timeScale: 0.01 },
-      engines: [
-        { id: "p0", role: "prefill" },
-        { id: "p1", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
+    cluster = await startFourEngines();
+    const url = (id: string) => cluster.engines.get(id).url as string;
+    router = await startTestRouter(ADMIN_TOKEN, {
+      protocol: "vllm",
+      policy: { prefill: "affinity", decode: "affinity" },
+      // two cells; a group stays whole in one cell
+      cells: 2,
+      nodes: [
+        { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
+        { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
+        { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
+        { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
       ],
     });
-    const url = (id: string) => cluster.engines.get(id).url as string;
-    persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-e2e-cells-"));
-    router = await startRouter({
-      port: await freePort(),
-      inspectorPort: await freePort(),
-      persistDir,
-      vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0 },
-      clusterDocument: {
-        protocol: "vllm",
-        policy: { prefill: "affinity", decode: "affinity" },
-        // two cells; a group stays whole in one cell
-        cells: 2,
-        nodes: [
-          { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
-          { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
-          { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
-          { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
-        ],
-      },
-    });
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"] });
+    browser = await launchChromium();
   });
 
   afterAll(async () => {
     await browser?.close();
     await router?.stop();
     await cluster?.close();
-    if (persistDir) await rm(persistDir, { recursive: true, force: true });
   });
 
   it("shows each node's cell, one per group, beside its group", async () => {

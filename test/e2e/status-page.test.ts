@@ -1,36 +1,22 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { chromium, type Browser, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-// @ts-expect-error plain JS module of the simulator
-import { startSimCluster } from "../../sim/cluster.mjs";
-// @ts-expect-error plain JS module
-import { startRouter } from "../../scripts/router-process.mjs";
 import { startMetricsFront, type MetricsFront } from "../support/metrics-front";
-import { freePort } from "../support/free-port";
+import { launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
 
 const ADMIN_TOKEN = "e2e-admin-token";
-const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 
 describe("status page in a browser", () => {
   let cluster: any;
-  let router: { url: string; stop: () => Promise<void>; output: () => string };
+  let router: TestRouter;
   let browser: Browser;
-  let persistDir: string;
   // the decode nodes answer GET /metrics like vLLM (KV use 40% and 70%); everything else reaches the engines
   const fronts: Record<string, MetricsFront> = {};
 
   beforeAll(async () => {
-    cluster = await startSimCluster({
-      defaults: { timeScale: 0.01 },
-      engines: [
-        { id: "p0", role: "prefill" },
-        { id: "p1", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
-      ],
-    });
+    cluster = await startFourEngines();
     const engineUrl = (id: string) => cluster.engines.get(id).url as string;
     for (const [id, kvUsage] of [
       ["d0", 0.4],
@@ -40,32 +26,22 @@ describe("status page in a browser", () => {
       fronts[id].set({ mode: "override", values: { kvUsage, waiting: 0, running: 2 } });
     }
     const url = (id: string) => fronts[id]?.url ?? engineUrl(id);
-    persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-e2e-"));
-    router = await startRouter({
-      port: await freePort(),
-      inspectorPort: await freePort(),
-      persistDir,
-      vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0 },
-      clusterDocument: {
-        protocol: "vllm",
-        policy: { prefill: "round_robin", decode: "round_robin" },
-        // probe every second (the shortest interval allowed), one failed probe marks a node down
-        health: { intervalMs: 1000, probeTimeoutMs: 500, downAfter: 1, upAfter: 1 },
-        // sharded polling forced on (docs/scaling.md): two SignalPoller objects poll the four
-        // nodes' /metrics and push the readings, so the KV chart below is drawn from them
-        signals: { intervalMs: 1000, staleMs: 5000, shardAbove: 3, nodesPerPoller: 2 },
-        nodes: [
-          { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
-          { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
-          { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
-          { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
-        ],
-      },
+    router = await startTestRouter(ADMIN_TOKEN, {
+      protocol: "vllm",
+      policy: { prefill: "round_robin", decode: "round_robin" },
+      // probe every second (the shortest interval allowed), one failed probe marks a node down
+      health: { intervalMs: 1000, probeTimeoutMs: 500, downAfter: 1, upAfter: 1 },
+      // sharded polling forced on (docs/scaling.md): two SignalPoller objects poll the four
+      // nodes' /metrics and push the readings, so the KV chart below is drawn from them
+      signals: { intervalMs: 1000, staleMs: 5000, shardAbove: 3, nodesPerPoller: 2 },
+      nodes: [
+        { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
+        { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
+        { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
+        { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
+      ],
     });
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
-    });
+    browser = await launchChromium();
   });
 
   afterAll(async () => {
@@ -73,7 +49,6 @@ describe("status page in a browser", () => {
     await router?.stop();
     await Promise.all(Object.values(fronts).map((f) => f.close()));
     await cluster?.close();
-    if (persistDir) await rm(persistDir, { recursive: true, force: true });
   });
 
   it("logs in, shows the nodes and the routing mix, and shows a stopped engine as down", async () => {
