@@ -146,9 +146,16 @@ export interface LocalPrediction {
   harmMs: number;
 }
 
+/**
+ * The decode harm of prefilling this request on a node: its prefill x the sequences decoding there.
+ * Whoever prefills pays it — D prefilling alone, and a P that also decodes (a `both` node); a
+ * prefill-only P decodes nothing and pays 0.
+ */
+export const prefillHarmMs = (n: PredictedNode, size: RequestSize): number => ownPrefillMs(n.rates, size) * Math.max(0, n.decoding);
+
 /** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
 export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {
-  return { ttftMs: prefillDoneMs(d, onD) + stepMsOf(d), harmMs: ownPrefillMs(d.rates, onD) * Math.max(0, d.decoding) };
+  return { ttftMs: prefillDoneMs(d, onD) + stepMsOf(d), harmMs: prefillHarmMs(d, onD) };
 }
 
 /**

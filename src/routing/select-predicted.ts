@@ -1,6 +1,7 @@
 // `disaggregation: "predicted"` (SPEC 9): among every (P, D) pair the policies rank and every
-// local option on a decode-capable D, the one predicted to give the first token soonest, a local
-// option paying for the decode steps it lengthens. Pure: `selectPredicted` ranks both pools and
+// local option on a decode-capable D, the one predicted to give the first token soonest, the
+// prefilling node paying for the decode steps it lengthens (D prefilling alone, or a P that also
+// decodes: on `both` nodes every option prefills beside decoding sequences). Pure: `selectPredicted` ranks both pools and
 // applies the choice that `choosePredicted` makes. Cheap: P's prefill time and D's part are computed once a node, so a pair costs an
 // addition (64 x 64 nodes: 4,096 of them).
 
@@ -15,6 +16,7 @@ import {
   hasKvRoom,
   localPrediction,
   prefillDoneMs,
+  prefillHarmMs,
   type RequestSize,
   remoteAfterPrefillMs,
 } from "./predict";
@@ -47,7 +49,10 @@ export interface PredictedQuestion {
   kvBusy: number;
 }
 
-export type PredictedChoice = { mode: "disaggregated"; prefill: string; decode: string; ttftMs: number } | { mode: "local"; decode: string; ttftMs: number; harmMs: number };
+/** An option; `harmMs`: what its prefill adds to the decode steps of the node that runs it (0 on a prefill-only P). */
+export type PredictedChoice =
+  | { mode: "disaggregated"; prefill: string; decode: string; ttftMs: number; harmMs: number }
+  | { mode: "local"; decode: string; ttftMs: number; harmMs: number };
 
 /** What /v1/route shows per node: the best option through it (ms). */
 export interface NodeFigures {
@@ -63,10 +68,10 @@ export interface PredictedAnswer {
   figures: { prefill: Map<string, NodeFigures>; decode: Map<string, NodeFigures> };
 }
 
-const score = (c: PredictedChoice): number => c.ttftMs + (c.mode === "local" ? c.harmMs : 0);
+const score = (c: PredictedChoice): number => c.ttftMs + c.harmMs;
 
 /**
- * The option predicted soonest (TTFT plus a local option's decode harm). The policies' own pair —
+ * The option predicted soonest (TTFT plus the decode harm of its prefill). The policies' own pair —
  * their first D with their first P that may pair with it — keeps the request unless that option
  * beats it by the margin (predict.ts STICKY_MARGIN). Null when there is no option at all (one
  * node that may not prefill alone).
@@ -75,6 +80,7 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const firstD = q.decodes[0];
   const prefills = q.prefills;
   const prefillMs = prefills.map((p) => prefillDoneMs(p.node, p.size));
+  const harmOfP = prefills.map((p) => prefillHarmMs(p.node, p.size));
   // each P's best pair (its figure); the pairs themselves are numbers, an object only for a D's best
   // (64 x 64 nodes are 4,096 pairs a request: allocating each was most of the decision's time)
   const bestOfP = prefills.map(() => Infinity);
@@ -85,19 +91,21 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   for (const d of q.decodes) {
     const side = decodeSide(d.node, d.size);
     let bestAt = -1;
+    let bestScore = Infinity;
     let bestMs = Infinity;
     for (let i = 0; i < prefills.length; i++) {
       const p = prefills[i]!;
       if (p.id === d.id || (q.sameGroup && p.group !== d.group)) continue;
       const ms = remoteAfterPrefillMs(prefillMs[i]!, side);
-      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms };
-      if (ms < bestMs) {
+      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms, harmMs: harmOfP[i]! };
+      if (ms + harmOfP[i]! < bestScore) {
+        bestScore = ms + harmOfP[i]!;
         bestMs = ms;
         bestAt = i;
       }
       if (ms < bestOfP[i]!) bestOfP[i] = ms;
     }
-    const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs };
+    const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs, harmMs: harmOfP[bestAt]! };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
     const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(local ? [{ mode: "local" as const, decode: d.id, ...local }] : [])];
     for (const o of options) if (best === null || score(o) < score(best)) best = o;
@@ -109,7 +117,7 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
     figures.decode.set(d.id, f);
   }
   prefills.forEach((p, i) => {
-    if (Number.isFinite(bestOfP[i])) figures.prefill.set(p.id, { predictedTtftMs: bestOfP[i]! });
+    if (Number.isFinite(bestOfP[i])) figures.prefill.set(p.id, harmOfP[i]! > 0 ? { predictedTtftMs: bestOfP[i]!, decodeHarmMs: harmOfP[i]! } : { predictedTtftMs: bestOfP[i]! });
   });
   if (best === null) return null;
   const keep = incumbent as PredictedChoice | null;

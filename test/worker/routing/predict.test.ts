@@ -7,6 +7,7 @@ import {
   localPrediction,
   type PredictedNode,
   prefillDoneMs,
+  prefillHarmMs,
   profileRates,
   remoteTtftMs,
   STICKY_MARGIN,
@@ -123,6 +124,26 @@ describe("the predicted choice (pure)", () => {
     expect(refused.figures.decode.get("d0")!.localTtftMs).toBeNull();
   });
 
+  it("on `both` nodes a P that decodes pays the decode harm of its prefill too: the warm node prefills alone rather than a cold node beside its sequences", () => {
+    // both-8: x holds 6,000 of the 8,000 tokens; y is cold. Both decode 20 sequences.
+    const x = { prefillTokens: 0, decoding: 20 };
+    const y = { decoding: 20 };
+    const q = (yDecoding: number) => ({
+      prefills: [P("y", { ...y, decoding: yDecoding }, 8000, 8000), P("x", x, 2000, 8000)],
+      decodes: [D("x", x, 2000, 8000, { localPrefill: true }), D("y", { ...y, decoding: yDecoding }, 8000, 8000, { localPrefill: true })],
+      sameGroup: false,
+      kvBusy: 0.9,
+    });
+    const both = choosePredicted(q(20))!;
+    expect(both.choice).toMatchObject({ mode: "local", decode: "x" });
+    // the same cold P prefilling beside no sequence (a prefill-only node) is free of harm: x's
+    // local prefill (2,000 tokens at 6,000 of context, x 20 sequences) is worse than y then x
+    const idle = choosePredicted(q(0))!;
+    expect(idle.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x", harmMs: 0 });
+    // /v1/route shows a P's harm beside its figure
+    expect(both.figures.prefill.get("y")!.decodeHarmMs).toBeCloseTo(prefillHarmMs(P("y", y, 8000, 8000).node, { promptTokens: 8000, uncachedTokens: 8000 }));
+  });
+
   it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {
     const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30) });
     fc.assert(
@@ -146,10 +167,12 @@ describe("the predicted choice (pure)", () => {
           } else expect(decodes.find((d) => d.id === c.decode)!.localPrefill).toBe(true);
           // brute force: no option scores below the choice by more than the margin
           const scores = decodes.flatMap((d) => [
-            ...prefills.filter((p) => p.id !== d.id && (!sameGroup || p.group === d.group)).map((p) => remoteTtftMs(p.node, p.size, d.node, d.size)),
+            ...prefills
+              .filter((p) => p.id !== d.id && (!sameGroup || p.group === d.group))
+              .map((p) => remoteTtftMs(p.node, p.size, d.node, d.size) + prefillHarmMs(p.node, p.size)),
             ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs) : []),
           ]);
-          const score = c.ttftMs + (c.mode === "local" ? c.harmMs : 0);
+          const score = c.ttftMs + c.harmMs;
           expect(score * (1 - STICKY_MARGIN)).toBeLessThanOrEqual(Math.min(...scores) + 1e-6);
         },
       ),
