@@ -283,7 +283,10 @@ export class ClusterState extends DurableObject {
   #polled(node: string, reading: EngineReading | null, at: number): void {
     const health = this.health.get(node);
     if (!health) return;
-    if (reading) this.signals.record(node, reading, at, this.#leases.loadOf(node)?.prefill ?? 0);
+    const load = this.#leases.loadOf(node);
+    // the await protocol (vllm) sends D its leg once P answered; the others send it with P's
+    const unseen = this.cluster?.protocol === "vllm" && load ? { requests: load.awaiting, tokens: load.awaitingTokens } : undefined;
+    if (reading) this.signals.record(node, reading, at, load?.prefill ?? 0, unseen);
     if (reading?.prefixCacheHits !== undefined) this.#usageDetails.prefixHits(node, reading.prefixCacheHits);
     if (this.silent.polled(node, reading !== null, health.probeUp)) console.warn(JSON.stringify({ event: "node_signals_missing", node, message: silentNodeWarning(node) }));
   }

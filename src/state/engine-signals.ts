@@ -38,9 +38,15 @@ interface NodeReadings {
 export class EngineSignals {
   readonly #byNode = new Map<string, NodeReadings>();
 
-  /** A poll answered with these figures, while the router had `prefillsInFlight` prefill legs on the node. */
-  record(node: string, reading: EngineReading, now: number, prefillsInFlight = 0): void {
-    this.#byNode.set(node, { reading, at: now, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0, prefillsAtPoll: Math.max(0, prefillsInFlight) });
+  /**
+   * A poll answered with these figures, while the router had `prefillsInFlight` prefill legs on the
+   * node. `unseen`: decode requests routed to it that its engine has not got yet (under the await
+   * protocol, those whose P has not answered): counted as sent after the poll, so their release
+   * does not free KV the reading never held.
+   */
+  record(node: string, reading: EngineReading, now: number, prefillsInFlight = 0, unseen = { requests: 0, tokens: 0 }): void {
+    const sent = Math.max(0, unseen.requests);
+    this.#byNode.set(node, { reading, at: now, sent, sentTokens: Math.max(0, unseen.tokens), freed: 0, freedTokens: 0, prefillsAtPoll: Math.max(0, prefillsInFlight) });
   }
 
   /** A decode request (of about `tokens` prompt tokens) went to the node. */

@@ -76,9 +76,12 @@ export interface NodeLoad {
   prefillTokens: number;
   requestsPrefill: number;
   requestsDecode: number;
+  /** decode leases on it whose P (another node) has not answered yet, and their KV tokens: under the await protocol its engine has not got them */
+  awaiting: number;
+  awaitingTokens: number;
 }
 
-export const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0 });
+export const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0, awaiting: 0, awaitingTokens: 0 });
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 
 /**
@@ -168,6 +171,7 @@ export class LeaseTable {
     this.#leases.set(id, lease);
     if (lease.prefill) this.#add(lease.prefill, "prefill", prefillWorkOf(lease));
     this.#add(lease.decode, "decode", lease.tokens);
+    this.#awaiting(lease, 1);
   }
 
   /** The request still runs: its lease lives another TTL. False when it is gone. */
@@ -186,6 +190,7 @@ export class LeaseTable {
   endPrefill(id: string, node: string): boolean {
     const lease = this.#leases.get(id);
     if (lease?.prefill !== node) return false;
+    this.#awaiting(lease, -1);
     this.#remove(node, "prefill", prefillWorkOf(lease));
     lease.prefill = null;
     return true;
@@ -197,10 +202,12 @@ export class LeaseTable {
     if (!lease) return undefined;
     const from = role === "prefill" ? lease.prefill : lease.decode;
     const tokens = role === "decode" ? lease.tokens : prefillWorkOf(lease);
+    this.#awaiting(lease, -1);
     if (from) this.#remove(from, role, tokens);
     this.#add(next, role, tokens);
     if (role === "prefill") lease.prefill = next;
     else lease.decode = next;
+    this.#awaiting(lease, 1);
     return { from };
   }
 
@@ -237,6 +244,7 @@ export class LeaseTable {
     const lease = this.#leases.get(id);
     if (!lease) return null;
     this.#leases.delete(id);
+    this.#awaiting(lease, -1);
     if (lease.prefill) this.#remove(lease.prefill, "prefill", prefillWorkOf(lease));
     this.#remove(lease.decode, "decode", lease.tokens);
     return lease;
@@ -275,6 +283,15 @@ export class LeaseTable {
   forget(node: string): void {
     const load = this.#load.get(node);
     if (load && load.prefill === 0 && load.decode === 0) this.#load.delete(node);
+  }
+
+  /** Counts (+1) or uncounts (-1) the lease on its D as awaiting its P, when it is. */
+  #awaiting(lease: NodeLease, sign: 1 | -1): void {
+    if (lease.prefill === null || lease.prefill === lease.decode) return;
+    const load = this.#load.get(lease.decode);
+    if (!load) return;
+    load.awaiting = Math.max(0, load.awaiting + sign);
+    load.awaitingTokens = Math.max(0, load.awaitingTokens + sign * lease.tokens);
   }
 
   #add(node: string, role: Role, tokens: number): void {

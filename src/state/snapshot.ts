@@ -63,7 +63,8 @@ export const poolLabel = (cluster: ClusterView): string => {
 
 export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources, cluster?: ClusterView): NodeStatus {
   const h = m.health.view(n.id);
-  const { requestsPrefill, requestsDecode, ...inflight } = m.leases.loadOf(n.id) ?? newLoad();
+  const { requestsPrefill, requestsDecode, prefill, decode, tokens, prefillTokens } = m.leases.loadOf(n.id) ?? newLoad();
+  const inflight = { prefill, decode, tokens, prefillTokens };
   const decodes = n.role === "decode" || n.role === "both";
   return {
     id: n.id,

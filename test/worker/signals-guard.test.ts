@@ -1,6 +1,6 @@
 import { runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chatBody, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+import { chatBody, engineFault, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
 
 useSignalsRig();
 
@@ -185,6 +185,31 @@ describe("a node whose /metrics misbehaves is ignored safely", () => {
       (s) => s.metricsPending === 0,
     );
     expect((await snapshot()).nodes.find((n) => n.id === "d0")!.signals).toBeNull();
+  });
+});
+
+describe("the KV projection under the await protocol (vllm: D gets its leg once P answered)", () => {
+  it("a request whose P has not answered at a poll still counts on D, and its release frees only what it added", async () => {
+    // d0's engine reports 0.5 of 100,000 tokens; P hangs (a prefill stuck in a long queue), so at
+    // the poll d0's engine has not seen the request: its reading cannot hold the request's KV
+    await setMetrics("d0", kv(0.5, { capacityTokens: 100_000 }));
+    await putNodes(PD.slice(0, 2));
+    await poll();
+    await engineFault("p0", { mode: "hang", count: 1 });
+    const kvOfD0 = async () => (await snapshot()).nodes.find((n) => n.id === "d0")!.signals!.projected!.kvUsage!;
+    const client = new AbortController();
+    const pending = post("/v1/chat/completions", chatBody("x".repeat(8000)), { signal: client.signal }).catch((e: unknown) => e);
+    await waitFor("routed", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
+    const sent = (await kvOfD0()) - 0.5;
+    expect(sent).toBeGreaterThan(0.005);
+    // the poll answers while P still holds the request: what D will get stays projected
+    await runDurableObjectAlarm(stub() as never);
+    expect(await kvOfD0()).toBeCloseTo(0.5 + sent, 6);
+    // the client leaves: the lease ends, and the projection is the reading again (not below it)
+    client.abort();
+    await pending;
+    await waitFor("released", snapshot, (s) => s.leases === 0);
+    expect(await kvOfD0()).toBeCloseTo(0.5, 6);
   });
 });
 

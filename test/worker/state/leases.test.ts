@@ -1,3 +1,4 @@
+import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { DEFAULT_LEASE_TTL_MS, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "../../../src/state/leases";
 import { decision, routeRequest } from "./fixtures";
@@ -28,6 +29,37 @@ describe("the lease table", () => {
     expect(t.release("a")?.decode).toBe("d0");
     expect(t.release("a")).toBeNull();
     expect(t.loadOf("d0")).toMatchObject({ decode: 0, tokens: 0, requestsDecode: 1 });
+  });
+
+  it("counts on D the leases whose P (another node) has not answered, through any takes, answers, moves and releases (property)", () => {
+    const nodes = ["n0", "n1", "n2"];
+    const op = fc.oneof(
+      fc.record({ kind: fc.constant("take" as const), id: fc.nat(5), p: fc.constantFrom(null, ...nodes), d: fc.constantFrom(...nodes), tokens: fc.nat(1000) }),
+      fc.record({ kind: fc.constant("answer" as const), id: fc.nat(5) }),
+      fc.record({ kind: fc.constant("move" as const), id: fc.nat(5), role: fc.constantFrom("prefill" as const, "decode" as const), to: fc.constantFrom(...nodes) }),
+      fc.record({ kind: fc.constant("release" as const), id: fc.nat(5) }),
+    );
+    fc.assert(
+      fc.property(fc.array(op, { maxLength: 40 }), (ops) => {
+        const t = new LeaseTable(1_000);
+        for (const o of ops) {
+          const id = `r${o.id}`;
+          if (o.kind === "take") {
+            if (!t.get(id)) t.take(id, lease({ prefill: o.p, decode: o.d, tokens: o.tokens }));
+          } else if (o.kind === "answer") {
+            const p = t.get(id)?.prefill;
+            if (p) t.endPrefill(id, p);
+          } else if (o.kind === "move") t.move(id, o.role, o.to);
+          else t.release(id);
+        }
+        const live = [...Array(6).keys()].map((i) => t.get(`r${i}`)).filter((l): l is NodeLease => l !== undefined);
+        for (const n of nodes) {
+          const awaiting = live.filter((l) => l.decode === n && l.prefill !== null && l.prefill !== n);
+          expect(t.loadOf(n)?.awaiting ?? 0).toBe(awaiting.length);
+          expect(t.loadOf(n)?.awaitingTokens ?? 0).toBe(awaiting.reduce((sum, l) => sum + l.tokens, 0));
+        }
+      }),
+    );
   });
 
   it("moves a role on failover and expires what was not renewed", () => {
