@@ -71,9 +71,10 @@ export interface PredictedAnswer {
 const score = (c: PredictedChoice): number => c.ttftMs + c.harmMs;
 
 /**
- * The option predicted soonest (TTFT plus the decode harm of its prefill). The policies' own pair —
- * their first D with their first P that may pair with it — keeps the request unless that option
- * beats it by the margin (predict.ts STICKY_MARGIN). Null when there is no option at all (one
+ * The option predicted soonest (TTFT plus the decode harm of its prefill). The policies' own pick —
+ * their first D with their first P that may pair with it, or that D alone when both policies put it
+ * first (`both` nodes) and it may prefill alone — keeps the request unless that option beats it by
+ * the margin (predict.ts STICKY_MARGIN). Null when there is no option at all (one
  * node that may not prefill alone).
  */
 export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
@@ -107,7 +108,10 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
     }
     const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs, harmMs: harmOfP[bestAt]! };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
-    const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(local ? [{ mode: "local" as const, decode: d.id, ...local }] : [])];
+    const localChoice: PredictedChoice | null = local ? { mode: "local", decode: d.id, ...local } : null;
+    // both policies put one node first (`both` nodes): their own pick is that node alone
+    if (d === firstD && localChoice && prefills[0]?.id === d.id) incumbent = localChoice;
+    const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(localChoice ? [localChoice] : [])];
     for (const o of options) if (best === null || score(o) < score(best)) best = o;
     const f: NodeFigures = {
       predictedTtftMs: Math.min(bestHere?.ttftMs ?? Infinity, local?.ttftMs ?? Infinity),

@@ -144,6 +144,19 @@ describe("the predicted choice (pure)", () => {
     expect(both.figures.prefill.get("y")!.decodeHarmMs).toBeCloseTo(prefillHarmMs(P("y", y, 8000, 8000).node, { promptTokens: 8000, uncachedTokens: 8000 }));
   });
 
+  it("`both` nodes that both policies rank first: their own pick is that node alone, kept unless beaten by the margin", () => {
+    // cold everywhere, nothing decoding: x alone is ~8% faster than y then x (no transfer), under the margin
+    const q = (prefillOrder: string[]) => ({
+      prefills: prefillOrder.map((id) => P(id, {}, 8000, 8000)),
+      decodes: [D("x", {}, 8000, 8000, { localPrefill: true }), D("y", {}, 8000, 8000, { localPrefill: true })],
+      sameGroup: false,
+      kvBusy: 0.9,
+    });
+    expect(choosePredicted(q(["x", "y"]))!.choice).toMatchObject({ mode: "local", decode: "x" });
+    // the prefill policy put y first: the policies' pick is y then x, and x alone does not beat it by 20%
+    expect(choosePredicted(q(["y", "x"]))!.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x" });
+  });
+
   it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {
     const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30) });
     fc.assert(
