@@ -64,6 +64,10 @@ export function fetchPrefix(core, seq, fetch, hit, cached, t) {
       core.loading.delete(seq);
       seq.loadMs = r.ms;
       const have = Math.min(seq.promptTokens - 1, fetch.units * memory.unitTokens);
+      // the answer's cached tokens count what was fetched, as vLLM's do what its KV connector
+      // loaded (vllm/v1/core/sched/scheduler.py: num_computed_tokens = local + external, and
+      // num_cached_tokens is set from it); the engine's prefix-cache hits stay the local ones
+      seq.cachedTokens = Math.max(seq.cachedTokens, have);
       seq.computed = have;
       seq.pending = Math.max(1, seq.promptTokens - have);
       seq.state = 'running';

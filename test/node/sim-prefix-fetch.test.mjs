@@ -59,6 +59,8 @@ describe('P-side prefix fetch (seed 000 KV mesh)', () => {
     // 8 x 512 + 100 tokens, 6 units fetched: 2 x 512 + 100 computed here
     expect(r.p.core.stats.prefillTokens).toBe(2 * 512 + 100);
     expect(r.fabric.sent('d')).toBeCloseTo(6 * 512 * 1000, 0);
+    // the answer's cached tokens count the fetched units, as vLLM's count what its KV connector loaded
+    expect(seq.cachedTokens).toBe(6 * 512);
   });
 
   it('the engine a prefix is fetched from pays: its decode steps stall while the bytes leave it', async () => {
