@@ -51,8 +51,8 @@ describe("status page with cells", () => {
     await page.locator('tr[data-node="d1"] td.cell').waitFor();
     expect(await page.locator("#cell-head").isVisible()).toBe(true);
     const rows = await page.locator("#nodes tr").evaluateAll((trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
-    const cellOf = Object.fromEntries(rows.map((r) => [r[0], r[3]]));
-    expect(Object.values(cellOf).every((c) => /cell:[01]$/.test(c ?? ""))).toBe(true);
+    const cellOf: Record<string, string> = Object.fromEntries(rows.map((r) => [r[0] ?? "", r[3] ?? ""]));
+    expect(Object.values(cellOf).every((c) => /cell:[01]$/.test(c))).toBe(true);
     // a group's nodes in one cell, the two groups in two
     expect(cellOf.p0).toBe(cellOf.d0);
     expect(cellOf.p1).toBe(cellOf.d1);
