@@ -232,6 +232,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
   let withDMiss = 0;
   let fullRepullsAfterFirst = 0;
   let fetchesAfterFirst = 0;
+  let fetchesFromDecode = 0;
   for (const [id, legs] of Object.entries(perRequest)) {
     // the router's upstream id is the client's x-request-id plus a per-attempt suffix (unique ids, issue 10)
     const m = /turn(\d+)(?:-[0-9a-f]{8}[0-9a-z]{1,2})?$/.exec(id);
@@ -245,6 +246,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     if (pMiss || dMiss) withMiss++;
     if (list.some((r) => r.role === 'decode' && r.fullRepull)) fullRepullsAfterFirst++;
     if (list.some((r) => r.role === 'prefill' && (r.prefixFetchedUnits ?? 0) > 0)) fetchesAfterFirst++;
+    if (list.some((r) => r.role === 'prefill' && (r.prefixFetchedUnits ?? 0) > 0 && stats[r.prefixFetchFrom]?.role === 'decode')) fetchesFromDecode++;
   }
   const ttft = ds.flatMap((e) => e.ttftMs);
   const tpot = ds.flatMap((e) => e.tpotMs);
@@ -291,6 +293,7 @@ export function multiturnFigures({ turns, stats, perRequest, wallS, simSpanMs, t
     // P legs after the first turn that fetched a held prefix from another node (seed 000's KV
     // mesh, the seed000 preset's prefixMesh); 0 on presets whose P recomputes it
     prefillCrossNodeFetches: fetchesAfterFirst,
+    prefillFetchesFromDecode: fetchesFromDecode,
     // P legs after the first turn whose prefix another node held (fetched or recomputed)
     pLocalityMissTurns: withPMiss,
     pFetchedUnits: sum(ps, (e) => e.prefixFetchedUnits ?? 0),
