@@ -471,6 +471,11 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     decodeRequests: decodeSide.map((e) => e.requests.total),
     routerOverheadSimP50Ms: round(percentile(overhead, 50), 1),
     predictionRatio: predictionRatio(metrics),
+    // each node's prefill rate as the router learned it by the end (its /metrics): how far nodes
+    // of one kind drift apart on what they measured
+    learnedPrefillTokensPerS: Object.fromEntries(
+      Object.entries(sumBy(metrics, 'pd_router_node_prefill_tokens_per_second', ['node'])).map(([node, v]) => [node, Math.round(v)]),
+    ),
   };
 }
 

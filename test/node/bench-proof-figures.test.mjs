@@ -18,6 +18,8 @@ pd_router_prefix_predicted_tokens_total{node="n1"} 500
 pd_router_prefix_cached_tokens_total{node="n0"} 800
 pd_router_prefix_cached_tokens_total{node="n1"} 500
 pd_router_prefix_cache_lost_total{node="n0"} 1
+pd_router_node_prefill_tokens_per_second{node="p0"} 4651.7
+pd_router_node_prefill_tokens_per_second{node="d0"} 7023.2
 pd_router_node_healthy{node="a \\"quoted\\" id"} 1
 not a sample line
 `;
@@ -25,7 +27,7 @@ not a sample line
 describe("the router's /metrics read back", () => {
   it('parses samples with their labels (escapes included), skipping comments and junk', () => {
     const samples = parsePrometheus(METRICS);
-    expect(samples).toHaveLength(9);
+    expect(samples).toHaveLength(11);
     expect(samples.at(-1)).toEqual({ name: 'pd_router_node_healthy', labels: { node: 'a "quoted" id' }, value: 1 });
     expect(sumBy(samples, 'pd_router_disagg_decisions_total', ['mode', 'reason'])).toEqual({ 'local/cached': 12, 'disaggregated/cold': 30, 'local/pinned': 0 });
     expect(total(samples, 'pd_router_prefix_predicted_tokens_total')).toBe(1500);
@@ -90,6 +92,8 @@ describe('agentic: the client’s time to first token', () => {
     expect(f.ttftP90Ms).toBe(4000);
     expect(f).toMatchObject({ completed: 2, failed: 1, notSent: 1, edgeQueued: 1, edgeQueueMaxMs: 500, modes: { disaggregated: 1, local: 1 } });
     expect(f.decisions).toEqual({ 'local/cached': 12, 'disaggregated/cold': 30 });
+    // each node's learned prefill rate at the end of the run, as /metrics showed it
+    expect(f.learnedPrefillTokensPerS).toEqual({ p0: 4652, d0: 7023 });
     // the prefix hit ratio of the engines that computed the prompts: P's, and D's own when alone
     expect(f.hitRatio).toBe(round4((600 + 1800) / 3000));
     expect(f.edgeWaitShare).toBe(round4(500 / (4000 + 1000)));
