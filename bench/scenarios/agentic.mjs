@@ -473,9 +473,7 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     predictionRatio: predictionRatio(metrics),
     // each node's prefill rate as the router learned it by the end (its /metrics): how far nodes
     // of one kind drift apart on what they measured
-    learnedPrefillTokensPerS: Object.fromEntries(
-      Object.entries(sumBy(metrics, 'pd_router_node_prefill_tokens_per_second', ['node'])).map(([node, v]) => [node, Math.round(v)]),
-    ),
+    learnedPrefillTokensPerS: Object.fromEntries(Object.entries(sumBy(metrics, 'pd_router_node_prefill_tokens_per_second', ['node'])).map(([node, v]) => [node, Math.round(v)])),
   };
 }
 
