@@ -1,6 +1,6 @@
 import type { Browser } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
+import { fourNodes, launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
 
 // A pool cut into cells (docs/scaling.md, "Cells"): the status page shows which cell's object
 // routes each node, as an operator needs to read a cell's load. Without cells the column is not
@@ -21,12 +21,7 @@ describe("status page with cells", () => {
       policy: { prefill: "affinity", decode: "affinity" },
       // two cells; a group stays whole in one cell
       cells: 2,
-      nodes: [
-        { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
-        { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
-        { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
-        { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
-      ],
+      nodes: fourNodes(url),
     });
     browser = await launchChromium();
   });

@@ -4,7 +4,7 @@ import path from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startMetricsFront, type MetricsFront } from "../support/metrics-front";
-import { launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
+import { fourNodes, launchChromium, startFourEngines, startTestRouter, type TestRouter } from "./status-stack";
 
 const ADMIN_TOKEN = "e2e-admin-token";
 
@@ -34,12 +34,7 @@ describe("status page in a browser", () => {
       // sharded polling forced on (docs/scaling.md): two SignalPoller objects poll the four
       // nodes' /metrics and push the readings, so the KV chart below is drawn from them
       signals: { intervalMs: 1000, staleMs: 5000, shardAbove: 3, nodesPerPoller: 2 },
-      nodes: [
-        { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
-        { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
-        { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
-        { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
-      ],
+      nodes: fourNodes(url),
     });
     browser = await launchChromium();
   });

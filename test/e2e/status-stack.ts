@@ -26,6 +26,14 @@ export function startFourEngines(): Promise<any> {
   });
 }
 
+/** Those four engines as document nodes, two groups (rack-a: p0 and d0, rack-b: p1 and d1), each at `url(id)`. */
+export const fourNodes = (url: (id: string) => string) => [
+  { id: "p0", url: url("p0"), role: "prefill", group: "rack-a" },
+  { id: "p1", url: url("p1"), role: "prefill", group: "rack-b" },
+  { id: "d0", url: url("d0"), role: "decode", group: "rack-a" },
+  { id: "d1", url: url("d1"), role: "decode", group: "rack-b" },
+];
+
 export interface TestRouter {
   url: string;
   output: () => string;
