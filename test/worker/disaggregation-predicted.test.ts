@@ -107,6 +107,38 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
   });
 });
 
+describe("predicted: a both node as P pays the decode harm of the prefill it would run", () => {
+  it("/v1/route shows decodeHarmMs on a both node's P figure while it decodes a stream, and none on a prefill-only P", async () => {
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "c0", role: "both" as const, localPrefill: false },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+    ];
+    await putNodes(nodes, predicted());
+    await poll();
+    // a conversation the policies send P p0 then D c0 (affinity: a fixed key, found by dry runs)
+    let turn: ((i: number) => object) | undefined;
+    for (let k = 0; k < 40 && !turn; k++) {
+      const candidate = conversation(`harm-${k}`);
+      const r = await explain(candidate(1));
+      if (r.mode === "disaggregated" && r.prefill.id === "p0" && r.decode.id === "c0") turn = candidate;
+    }
+    if (!turn) throw new Error("no conversation went p0 -> c0 in 40 tries");
+    // c0 decodes it and never finishes: a sequence decoding there
+    await engineFault("c0", { mode: "hang", count: 1 });
+    const client = new AbortController();
+    const pending = post("/v1/chat/completions", turn(1), { signal: client.signal }).catch((e: unknown) => e);
+    await waitFor("c0 decoding", snapshot, (s) => s.nodes.find((n) => n.id === "c0")!.inflight.decode === 1 && s.nodes.find((n) => n.id === "p0")!.inflight.prefill === 0);
+    const route = await explain(conversation("harm-other")(1));
+    const p = byId(route.candidates.prefill);
+    expect(p.c0.decodeHarmMs).toBeGreaterThan(0);
+    expect(p.p0.decodeHarmMs).toBeUndefined();
+    client.abort();
+    await pending;
+    await waitFor("released", snapshot, (s) => s.leases === 0);
+  });
+});
+
 describe("predicted: admission.ttftSloMs judges the decision's own prediction", () => {
   it("a flex request whose predicted TTFT is over the objective gets 503 slo_unmeetable at once, though a D would take it now; a default one is served; flex is served once the prediction fits", async () => {
     const nodes = [
