@@ -11,7 +11,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { numberOption, parseArgs, stringOption } from './lib/args.mjs';
 import { bundleModules, formatTop, topSelfTime } from './lib/cpu-profile.mjs';
-import { freePort, onShutdown, policyFor, startSimCluster, workerSnapshot } from './lib/harness.mjs';
+import { onShutdown, policyFor, startSimCluster, workerSnapshot } from './lib/harness.mjs';
 import { createAgent, postJson, runPool } from './lib/http-client.mjs';
 import { cpuMeter } from './lib/proc.mjs';
 import { startWorkerd } from './lib/workerd.mjs';
@@ -38,12 +38,10 @@ const cluster = await startSimCluster({
   defaults: { timeScale: 0 },
 });
 const persistDir = mkdtempSync(path.join(os.tmpdir(), 'pd-bench-profile-'));
-const inspectorPort = await freePort();
 const router = await startWorkerd({
   cwd: workerSnapshot(),
-  port: await freePort(),
   persistDir,
-  inspectorPort,
+  inspectorPort: 0,
   clusterDocument: { protocol: 'vllm', policy: policyFor(policy), nodes: [...cluster.engines.values()].map((e) => ({ id: e.id, url: e.url, role: e.role })) },
 });
 const stop = async () => {
@@ -74,7 +72,7 @@ try {
     });
   };
   await load(2000); // warm: JIT, connections, the Durable Object
-  const targets = /** @type {{ webSocketDebuggerUrl: string, title?: string, id: string }[]} */ (await (await fetch(`http://127.0.0.1:${inspectorPort}/json/list`)).json());
+  const targets = /** @type {{ webSocketDebuggerUrl: string, title?: string, id: string }[]} */ (await (await fetch(`http://127.0.0.1:${router.inspectorPort}/json/list`)).json());
   if (!targets.length) throw new Error('workerd lists no inspector target');
   const target = targets[0];
   const session = await devtools(target.webSocketDebuggerUrl.replace('localhost', '127.0.0.1'));

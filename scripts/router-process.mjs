@@ -17,13 +17,13 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
 
 /**
  * @typedef {object} RouterOptions
- * @property {number} [port] default 8787
+ * @property {number} [port] default 8787 under `wrangler`; 0 (the default under `workerd`): workerd binds a free port
  * @property {object | string} clusterDocument written to KV `NODES`, key `nodes` (objects are JSON-encoded)
  * @property {string} [persistDir] local state directory, default `.wrangler/state` (relative to cwd)
  * @property {Record<string, string | number | boolean>} [vars] passed as `--var KEY:VALUE`
  * @property {string} [cwd] directory holding wrangler.toml, default the repository root
  * @property {string} [config] a wrangler config file other than cwd/wrangler.toml
- * @property {number} [inspectorPort] devtools port (set it when running several routers at once)
+ * @property {number} [inspectorPort] devtools port (set it when running several routers at once; 0 under `workerd`: a free one, returned)
  * @property {number} [startTimeoutMs] how long to wait for GET /healthz 200, default 90000
  * @property {(line: string) => void} [onOutput] receives wrangler's output lines (default: kept, shown on failure)
  * @property {{ limit: number, period: number }} [rateLimit] workerd runtime only: a RATE_LIMITER binding (simple limit a period)
@@ -32,43 +32,115 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
  */
 
 /**
- * Seed the local KV, start `wrangler dev`, wait until `GET /healthz` answers 200.
+ * Seed the local KV, start `wrangler dev` (or workerd), wait until `GET /healthz` answers 200.
  * @param {RouterOptions} options
- * @returns {Promise<{ url: string, pid: number, output: () => string, stop: () => Promise<void> }>}
+ * @returns {Promise<{ url: string, pid: number, inspectorPort?: number, output: () => string, stop: () => Promise<void> }>}
  */
 export async function startRouter(options) {
-  const { port = 8787, clusterDocument, vars = {}, cwd = REPO_ROOT, config, inspectorPort, startTimeoutMs = 90000, onOutput } = options;
+  const { clusterDocument, vars = {}, cwd = REPO_ROOT, config, inspectorPort, startTimeoutMs = 90000, onOutput } = options;
   const persistDir = path.resolve(cwd, options.persistDir ?? '.wrangler/state');
+  const deadline = Date.now() + startTimeoutMs;
+  if (options.runtime === 'workerd') {
+    const worker = await startWorkerd({ port: options.port, persistDir, cwd, clusterDocument, vars, inspectorPort, rateLimit: options.rateLimit, startTimeoutMs, onOutput });
+    // workerd-router.mjs seeds the KV before its ready line: the Worker serves at once
+    await untilHealthy(worker, deadline, 'workerd');
+    return worker;
+  }
   mkdirSync(persistDir, { recursive: true });
+  const port = options.port ?? 8787;
   const configArgs = config ? ['--config', config] : [];
   const documentText = typeof clusterDocument === 'string' ? clusterDocument : JSON.stringify(clusterDocument);
+  const put = await run(
+    WRANGLER.cmd,
+    [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs],
+    cwd,
+  );
+  if (put.code !== 0) throw new Error(`wrangler kv key put failed (exit ${put.code}):\n${put.output}`);
+  const args = [...WRANGLER.args, 'dev', '--ip', '127.0.0.1', '--port', String(port), '--persist-to', persistDir, '--show-interactive-dev-session=false', ...configArgs];
+  if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
+  for (const [key, value] of Object.entries(vars)) args.push('--var', `${key}:${value}`);
+  const group = spawnGroup(WRANGLER.cmd, args, cwd, onOutput);
+  const router = { url: `http://127.0.0.1:${port}`, pid: group.pid, inspectorPort, output: group.output, stop: group.stop };
+  await untilHealthy({ ...router, group }, deadline, 'wrangler');
+  return router;
+}
 
-  let command;
-  if (options.runtime === 'workerd') {
-    const documentFile = path.join(persistDir, 'nodes.json');
-    writeFileSync(documentFile, documentText);
-    const varArgs = Object.entries(vars).map(([key, value]) => `${key}=${value}`);
-    const rateLimitArgs = options.rateLimit ? ['--ratelimit', `${options.rateLimit.limit}/${options.rateLimit.period}`] : [];
-    const inspectorArgs = inspectorPort !== undefined ? ['--inspector-port', String(inspectorPort)] : [];
-    command = {
-      cmd: process.execPath,
-      args: [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(port), persistDir, cwd, documentFile, ...varArgs, ...rateLimitArgs, ...inspectorArgs],
-    };
-  } else {
-    const put = await run(
-      WRANGLER.cmd,
-      [...WRANGLER.args, 'kv', 'key', 'put', 'nodes', documentText, '--binding', 'NODES', '--local', '--persist-to', persistDir, ...configArgs],
-      cwd,
-    );
-    if (put.code !== 0) throw new Error(`wrangler kv key put failed (exit ${put.code}):\n${put.output}`);
-    const args = [...WRANGLER.args, 'dev', '--ip', '127.0.0.1', '--port', String(port), '--persist-to', persistDir, '--show-interactive-dev-session=false', ...configArgs];
-    if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
-    for (const [key, value] of Object.entries(vars)) args.push('--var', `${key}:${value}`);
-    command = { cmd: WRANGLER.cmd, args };
+/**
+ * @typedef {object} WorkerdOptions
+ * @property {number} [port] default 0: workerd binds a free port (the returned url names it)
+ * @property {string} persistDir
+ * @property {string} cwd holds wrangler.toml (and src/ when `entry` is not set)
+ * @property {string} [entry] Worker entry point (default cwd/src/index.ts: the router)
+ * @property {boolean} [bare] no KV, no Durable Object binding
+ * @property {object | string} [clusterDocument] written to KV NODES/nodes (not with bare)
+ * @property {Record<string, string | number | boolean>} [vars]
+ * @property {number} [inspectorPort] 0: a free one (returned)
+ * @property {{ limit: number, period: number }} [rateLimit]
+ * @property {number} [startTimeoutMs] default 90000
+ * @property {(line: string) => void} [onOutput]
+ */
+
+/**
+ * A Worker in workerd through Miniflare (scripts/workerd-router.mjs), in its own process group,
+ * resolved once its ready line is printed (KV seeded). workerd binds its ports itself by default,
+ * so two runs on one machine never race for a port picked beforehand.
+ * @param {WorkerdOptions} o
+ * @returns {Promise<{ url: string, pid: number, inspectorPort?: number, output: () => string, stop: () => Promise<void> }>}
+ */
+export async function startWorkerd(o) {
+  mkdirSync(o.persistDir, { recursive: true });
+  let documentFile = '-';
+  if (!o.bare) {
+    documentFile = path.join(o.persistDir, 'nodes.json');
+    const document = o.clusterDocument ?? { nodes: [] };
+    writeFileSync(documentFile, typeof document === 'string' ? document : JSON.stringify(document));
   }
+  const args = [path.join(REPO_ROOT, 'scripts', 'workerd-router.mjs'), String(o.port ?? 0), o.persistDir, o.cwd, documentFile];
+  for (const [k, v] of Object.entries(o.vars ?? {})) args.push(`${k}=${v}`);
+  if (o.entry) args.push('--entry', o.entry);
+  if (o.bare) args.push('--bare');
+  if (o.rateLimit) args.push('--ratelimit', `${o.rateLimit.limit}/${o.rateLimit.period}`);
+  if (o.inspectorPort !== undefined) args.push('--inspector-port', String(o.inspectorPort));
+  const group = spawnGroup(process.execPath, args, o.cwd, o.onOutput);
+  const deadline = Date.now() + (o.startTimeoutMs ?? 90000);
+  while (Date.now() < deadline && !group.exited()) {
+    const ready = group.lines.map((l) => /^ready on (\S+)(?: inspector (\d+))?/.exec(l)).find(Boolean);
+    if (ready) {
+      const inspectorPort = ready[2] === undefined ? undefined : Number(ready[2]);
+      return { url: ready[1], pid: group.pid, inspectorPort, output: group.output, stop: group.stop };
+    }
+    await sleep(100);
+  }
+  throw new Error(`workerd (${o.entry ?? 'router'}) did not start ${await group.failed()}`);
+}
 
-  // its own process group, so stop() can take wrangler, esbuild and workerd down together
-  const child = spawn(command.cmd, command.args, { cwd, env: CHILD_ENV, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Poll `GET /healthz` until 200; on failure stop the process and throw with its last output.
+ * @param {{ url: string, group?: ReturnType<typeof spawnGroup>, output: () => string, stop: () => Promise<void> }} router
+ * @param {number} deadline @param {string} runtime
+ */
+async function untilHealthy(router, deadline, runtime) {
+  while (Date.now() < deadline && !router.group?.exited()) {
+    try {
+      const res = await fetch(`${router.url}/healthz`, { signal: AbortSignal.timeout(2000) });
+      await res.arrayBuffer();
+      if (res.status === 200) return;
+    } catch {
+      // not listening yet
+    }
+    await sleep(250);
+  }
+  const why = router.group ? await router.group.failed() : (await router.stop(), `within the deadline:\n${router.output().split('\n').slice(-60).join('\n')}`);
+  throw new Error(`the router (${runtime}) did not answer GET /healthz 200 at ${router.url} ${why}`);
+}
+
+/**
+ * Spawn a command in its own process group (so stop() takes wrangler, esbuild and workerd down
+ * together), keeping its last 400 output lines.
+ * @param {string} cmd @param {string[]} args @param {string} cwd @param {((line: string) => void) | undefined} onOutput
+ */
+function spawnGroup(cmd, args, cwd, onOutput) {
+  const child = spawn(cmd, args, { cwd, env: CHILD_ENV, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   const pid = /** @type {number} */ (child.pid);
   /** @type {string[]} */
   const lines = [];
@@ -90,41 +162,41 @@ export async function startRouter(options) {
       resolve();
     }),
   );
+  // 'exit' can come before the pipes are drained: the reason a process died is in what follows
+  /** @type {Promise<void>} */
+  const closed = new Promise((resolve) => child.once('close', () => resolve()));
   const killOnExit = () => killGroup(pid, 'SIGKILL');
   process.once('exit', killOnExit);
 
   async function stop() {
     process.off('exit', killOnExit);
-    if (exited) return;
-    killGroup(pid, 'SIGTERM');
-    const done = await Promise.race([exit.then(() => true), sleep(5000).then(() => false)]);
-    if (!done) {
-      killGroup(pid, 'SIGKILL');
-      await Promise.race([exit, sleep(2000)]);
+    if (!exited) {
+      killGroup(pid, 'SIGTERM');
+      const done = await Promise.race([exit.then(() => true), sleep(5000).then(() => false)]);
+      if (!done) {
+        killGroup(pid, 'SIGKILL');
+        await Promise.race([exit, sleep(2000)]);
+      }
     }
     // workerd may outlive the npx/wrangler parent for a moment; make sure the group is gone
     killGroup(pid, 'SIGKILL');
   }
 
-  const url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + startTimeoutMs;
-  while (Date.now() < deadline) {
-    if (exited) break;
-    try {
-      const res = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2000) });
-      await res.arrayBuffer();
-      // workerd-router.mjs seeds the KV once workerd listens: its "ready" line says it is done
-      const seeded = options.runtime !== 'workerd' || lines.some((l) => l.startsWith('ready on '));
-      if (res.status === 200 && seeded) return { url, pid, output: () => lines.join('\n'), stop };
-    } catch {
-      // not listening yet
-    }
-    await sleep(250);
-  }
-  await stop();
-  throw new Error(
-    `the router (${options.runtime ?? 'wrangler'}) did not answer GET /healthz 200 at ${url} ${exited ? '(it exited)' : `within ${startTimeoutMs} ms`}:\n${lines.slice(-60).join('\n')}`,
-  );
+  return {
+    pid,
+    lines,
+    exited: () => exited,
+    output: () => lines.join('\n'),
+    stop,
+    /** Stop it, and say how it failed with its last output (all of it, when it exited by itself). */
+    async failed() {
+      const byItself = exited;
+      if (byItself) await Promise.race([closed, sleep(2000)]);
+      await stop();
+      const code = child.exitCode ?? child.signalCode;
+      return `${byItself ? `(it exited: ${code})` : 'in time'}:\n${lines.slice(-60).join('\n')}`;
+    },
+  };
 }
 
 /** @param {number} pid @param {NodeJS.Signals} signal */

@@ -9,6 +9,10 @@
 //   --entry PATH            the Worker's entry point (default <cwd>/src/index.ts)
 //   --bare                  no KV and no Durable Object: a plain Worker (documentFile is ignored, pass -)
 //   --inspector-port N      workerd's V8 inspector on 127.0.0.1:N (CPU profiles; bench/profile.mjs)
+//
+// <port> and N may be 0: workerd binds a free port itself, and the ready line names the ports it
+// took (`ready on http://127.0.0.1:PORT inspector N`). A port picked by the caller beforehand can be
+// taken by another process while esbuild bundles, before workerd binds it.
 //   --ratelimit LIMIT/PERIOD a RATE_LIMITER binding (wrangler.toml's optional [[ratelimits]]), for tests
 import { build } from 'esbuild';
 import { readFileSync, mkdirSync } from 'node:fs';
@@ -89,7 +93,8 @@ const mf = new Miniflare({
 });
 const url = await mf.ready;
 if (!bare) await (await mf.getKVNamespace('NODES')).put('nodes', readFileSync(documentFile, 'utf8'));
-console.log(`ready on ${url.origin}`);
+const inspector = typeof flags['inspector-port'] === 'string' ? ` inspector ${(await mf.getInspectorURL()).port}` : '';
+console.log(`ready on ${url.origin}${inspector}`);
 
 const stop = async () => {
   await mf.dispose().catch(() => undefined);

@@ -157,17 +157,12 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
     if (withRouter) {
       const document = clusterDocument?.(cluster.engines) ?? defaultDocument(cluster.engines);
       const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
-      const inspectorPort = await freePort();
-      router = await startRouter({
-        runtime,
-        cwd: workerSnapshot(),
-        port: await freePort(),
-        inspectorPort,
-        persistDir,
-        clusterDocument: document,
-        vars,
-        onOutput: routerLog(),
-      }).then((r) => ({ ...r, inspectorPort }));
+      // under workerd the router binds free ports itself (one picked here could be taken meanwhile)
+      const ports = runtime === 'workerd' ? { port: 0, inspectorPort: 0 } : { port: await freePort(), inspectorPort: await freePort() };
+      router = await startRouter({ runtime, cwd: workerSnapshot(), ...ports, persistDir, clusterDocument: document, vars, onOutput: routerLog() }).then((r) => ({
+        ...r,
+        inspectorPort: /** @type {number} */ (r.inspectorPort),
+      }));
     }
   } catch (error) {
     await close();

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { ALL_POLICIES, listOption, numberOption } from '../lib/args.mjs';
-import { freePort, onShutdown, workerSnapshot } from '../lib/harness.mjs';
+import { onShutdown, workerSnapshot } from '../lib/harness.mjs';
 import { createAgent, runPool } from '../lib/http-client.mjs';
 import { cpuMeter } from '../lib/proc.mjs';
 import { formatNumber, markdownTable } from '../lib/report.mjs';
@@ -71,7 +71,6 @@ export async function runDoCapacity(options) {
   const worker = await startWorkerd({
     cwd: snapshot,
     entry: path.join(snapshot, 'bench', 'do-capacity-worker', 'index.ts'),
-    port: await freePort(),
     persistDir,
     clusterDocument: { nodes: [] },
   });

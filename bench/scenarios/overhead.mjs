@@ -12,7 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ALL_POLICIES, listOption, numberOption } from '../lib/args.mjs';
 import { countKinds, failureKind } from '../lib/failures.mjs';
-import { freePort, onShutdown, policyFor, startSimCluster, startStack, workerSnapshot } from '../lib/harness.mjs';
+import { onShutdown, policyFor, startSimCluster, startStack, workerSnapshot } from '../lib/harness.mjs';
 import { createAgent, postJson, postJsonRetrying, runPool } from '../lib/http-client.mjs';
 import { cpuMeter, groupRssKb } from '../lib/proc.mjs';
 import { formatNumber, markdownTable } from '../lib/report.mjs';
@@ -103,7 +103,7 @@ export async function startProxy(target, engines, vars = {}) {
       .filter((e) => e.role === role)
       .map((e) => e.url)
       .join(',');
-  const common = { cwd: workerSnapshot(), port: await freePort(), persistDir, onOutput: routerLog() };
+  const common = { cwd: workerSnapshot(), persistDir, onOutput: routerLog() };
   /** @type {Awaited<ReturnType<typeof startWorkerd>>} */
   let proc;
   try {

@@ -37,7 +37,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { devtoolsSession, heapAfterGc, heapObjectBytes } from '../../scripts/devtools.mjs';
 import { numberOption, stringOption } from '../lib/args.mjs';
-import { freePort, onShutdown, startSimCluster, workerSnapshot } from '../lib/harness.mjs';
+import { onShutdown, startSimCluster, workerSnapshot } from '../lib/harness.mjs';
 import { groupMembers } from '../lib/proc.mjs';
 import { markdownTable } from '../lib/report.mjs';
 import { allocatorFigures } from '../lib/tcmalloc.mjs';
@@ -170,8 +170,7 @@ async function startTarget(target, cluster) {
       .filter((e) => e.role === role)
       .map((e) => e.url)
       .join(',');
-  const inspectorPort = await freePort();
-  const common = { cwd: workerSnapshot(), port: await freePort(), persistDir, inspectorPort };
+  const common = { cwd: workerSnapshot(), persistDir, inspectorPort: 0 };
   const proc =
     target === 'router'
       ? await startWorkerd({ ...common, clusterDocument: { nodes: engines.map((e) => ({ id: e.id, url: e.url, role: e.role })) }, vars: { ADMIN_TOKEN } })
@@ -187,7 +186,7 @@ async function startTarget(target, cluster) {
     await stop();
     throw new Error(`soak: no workerd process under the ${target}'s launcher`);
   }
-  return { url: proc.url, pid: workerd.pid, inspectorPort, stop };
+  return { url: proc.url, pid: workerd.pid, inspectorPort: /** @type {number} */ (proc.inspectorPort), stop };
 }
 
 /** @param {Record<string, string | true>} options */

@@ -16,7 +16,6 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
-import { freePort } from "../support/free-port";
 
 const ADMIN_TOKEN = "client-tests-admin-token";
 
@@ -81,7 +80,8 @@ beforeAll(async () => {
   persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-clients-"));
   router = await startRouter({
     runtime: "workerd",
-    port: await freePort(),
+    // workerd binds a free port itself: the router's url names it
+    port: 0,
     persistDir,
     vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0 },
     clusterDocument: {

@@ -4,7 +4,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { startRouter } from '../../scripts/router-process.mjs';
+import { startRouter, startWorkerd } from '../../scripts/router-process.mjs';
 
 // A stand-in Worker (not the product) so this checks the process plumbing on its own:
 // KV seeding, --var, readiness on /healthz, and stop() taking the whole group down.
@@ -51,5 +51,42 @@ describe('startRouter', () => {
       .split('\n')
       .filter((s) => s.trim() && !s.trim().startsWith('Z'));
     expect(left).toEqual([]);
+  }, 60000);
+});
+
+describe('startWorkerd', () => {
+  // The benchmark starts several routers at once beside engines binding ports of their own: a port
+  // picked beforehand can be taken while esbuild bundles (CI saw a router exit so). workerd binds
+  // free ports itself and its ready line names them.
+  it('binds free ports itself: two Workers started at once serve on the ports they name, inspectors too', async () => {
+    writeFileSync(path.join(dir, 'src', 'bare.js'), 'export default { fetch(req, env) { return Response.json({ mode: env.MODE }); } };\n');
+    const start = (/** @type {string} */ name) =>
+      startWorkerd({ cwd: dir, entry: path.join(dir, 'src', 'bare.js'), bare: true, persistDir: path.join(dir, name), vars: { MODE: name }, inspectorPort: 0 });
+    const workers = await Promise.all([start('one'), start('two')]);
+    try {
+      const ports = workers.map((w) => Number(new URL(w.url).port));
+      expect(ports.every((p) => p > 0)).toBe(true);
+      expect(new Set([...ports, ...workers.map((w) => w.inspectorPort)]).size).toBe(4);
+      for (const [i, w] of workers.entries()) {
+        expect((await (await fetch(w.url + '/')).json()).mode).toBe(['one', 'two'][i]);
+        // the inspector named is the Worker's own: it lists its target
+        const targets = await (await fetch(`http://127.0.0.1:${w.inspectorPort}/json/list`)).json();
+        expect(targets.length).toBeGreaterThan(0);
+      }
+    } finally {
+      await Promise.all(workers.map((w) => w.stop()));
+    }
+  }, 60000);
+
+  it('a Worker that exits before it is ready: the error carries why (its last output, read to the end)', async () => {
+    writeFileSync(path.join(dir, 'src', 'broken.js'), 'export default { fetch( {\n');
+    const failure = await startWorkerd({ cwd: dir, entry: path.join(dir, 'src', 'broken.js'), bare: true, persistDir: path.join(dir, 'broken') }).then(
+      () => 'started',
+      (error) => String(error),
+    );
+    expect(failure).toMatch(/did not start \(it exited: 1\)/);
+    // esbuild's own message about the file, printed just before the process exited
+    expect(failure).toMatch(/broken\.js/);
+    expect(failure).toMatch(/ERROR|error/);
   }, 60000);
 });
