@@ -17,13 +17,13 @@ const WRANGLER = existsSync(LOCAL_WRANGLER) ? { cmd: LOCAL_WRANGLER, args: [] } 
 
 /**
  * @typedef {object} RouterOptions
- * @property {number} [port] default 8787 under `wrangler`; 0 (the default under `workerd`): workerd binds a free port
+ * @property {number} [port] default 8787 under `wrangler`, 0 under `workerd`; 0: the runtime binds a free port (the returned url names it)
  * @property {object | string} clusterDocument written to KV `NODES`, key `nodes` (objects are JSON-encoded)
  * @property {string} [persistDir] local state directory, default `.wrangler/state` (relative to cwd)
  * @property {Record<string, string | number | boolean>} [vars] passed as `--var KEY:VALUE`
  * @property {string} [cwd] directory holding wrangler.toml, default the repository root
  * @property {string} [config] a wrangler config file other than cwd/wrangler.toml
- * @property {number} [inspectorPort] devtools port (set it when running several routers at once; 0 under `workerd`: a free one, returned)
+ * @property {number} [inspectorPort] devtools port (set it when running several routers at once; 0: a free one, returned under `workerd`)
  * @property {number} [startTimeoutMs] how long to wait for GET /healthz 200, default 90000
  * @property {(line: string) => void} [onOutput] receives wrangler's output lines (default: kept, shown on failure)
  * @property {{ limit: number, period: number }} [rateLimit] workerd runtime only: a RATE_LIMITER binding (simple limit a period)
@@ -60,7 +60,17 @@ export async function startRouter(options) {
   if (inspectorPort !== undefined) args.push('--inspector-port', String(inspectorPort));
   for (const [key, value] of Object.entries(vars)) args.push('--var', `${key}:${value}`);
   const group = spawnGroup(WRANGLER.cmd, args, cwd, onOutput);
-  const router = { url: `http://127.0.0.1:${port}`, pid: group.pid, inspectorPort, output: group.output, stop: group.stop };
+  let url = `http://127.0.0.1:${port}`;
+  if (port === 0) {
+    // wrangler binds a free port and names it: "[wrangler:info] Ready on http://127.0.0.1:PORT"
+    url = '';
+    while (!url && Date.now() < deadline && !group.exited()) {
+      url = group.lines.map((l) => /Ready on (http:\/\/[\d.]+:\d+)/.exec(l.replace(/\x1b\[[\d;]*m/g, ''))?.[1]).find(Boolean) ?? '';
+      if (!url) await sleep(100);
+    }
+    if (!url) throw new Error(`the router (wrangler) did not say where it listens ${await group.failed()}`);
+  }
+  const router = { url, pid: group.pid, inspectorPort, output: group.output, stop: group.stop };
   await untilHealthy({ ...router, group }, deadline, 'wrangler');
   return router;
 }

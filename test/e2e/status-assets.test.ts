@@ -4,7 +4,6 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 // @ts-expect-error plain JavaScript module without type declarations
 import { startRouter } from "../../scripts/router-process.mjs";
-import { freePort } from "../support/free-port";
 
 // The status page is a static asset (assets/status.html), outside the Worker's code, so that a
 // cold start does not load it. What an operator deploys is wrangler.toml as it is: this runs
@@ -22,8 +21,9 @@ describe("the status page as a static asset, under wrangler dev", () => {
   beforeAll(async () => {
     persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-assets-"));
     router = await startRouter({
-      port: await freePort(),
-      inspectorPort: await freePort(),
+      // wrangler binds free ports itself (one picked beforehand can be taken while it starts)
+      port: 0,
+      inspectorPort: 0,
       persistDir,
       vars: { ADMIN_TOKEN, CONFIG_TTL_MS: 0 },
       // no engine is needed: nothing here is routed

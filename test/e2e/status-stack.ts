@@ -6,7 +6,6 @@ import { chromium, type Browser } from "playwright-core";
 import { startSimCluster } from "../../sim/cluster.mjs";
 // @ts-expect-error plain JS module
 import { startRouter } from "../../scripts/router-process.mjs";
-import { freePort } from "../support/free-port";
 
 // What the status page's browser tests share: 2P+2D simulated engines, the router over them in
 // its own workerd (real TCP, a persisted state directory of its own), and a headless Chromium.
@@ -46,8 +45,9 @@ export async function startTestRouter(adminToken: string, clusterDocument: objec
   const persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-e2e-"));
   try {
     const router = await startRouter({
-      port: await freePort(),
-      inspectorPort: await freePort(),
+      // wrangler binds free ports itself (one picked beforehand can be taken while it starts)
+      port: 0,
+      inspectorPort: 0,
       persistDir,
       vars: { ADMIN_TOKEN: adminToken, CONFIG_TTL_MS: 0 },
       clusterDocument,

@@ -54,6 +54,19 @@ describe('startRouter', () => {
   }, 60000);
 });
 
+describe('startRouter on port 0', () => {
+  it('wrangler dev binds a free port and the router url names it, seeded like any other', async () => {
+    const document = { nodes: [{ id: 'd0', url: 'http://127.0.0.1:1', role: 'decode' }] };
+    const router = await startRouter({ port: 0, inspectorPort: 0, cwd: dir, clusterDocument: document, persistDir: path.join(dir, 'state0') });
+    try {
+      expect(Number(new URL(router.url).port)).toBeGreaterThan(0);
+      expect(JSON.parse((await (await fetch(router.url + '/')).json()).nodes)).toEqual(document);
+    } finally {
+      await router.stop();
+    }
+  }, 60000);
+});
+
 describe('startWorkerd', () => {
   // The benchmark starts several routers at once beside engines binding ports of their own: a port
   // picked beforehand can be taken while esbuild bundles (CI saw a router exit so). workerd binds
