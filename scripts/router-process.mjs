@@ -4,6 +4,7 @@ import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { stripVTControlCharacters } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -65,7 +66,7 @@ export async function startRouter(options) {
     // wrangler binds a free port and names it: "[wrangler:info] Ready on http://127.0.0.1:PORT"
     url = '';
     while (!url && Date.now() < deadline && !group.exited()) {
-      url = group.lines.map((l) => /Ready on (http:\/\/[\d.]+:\d+)/.exec(l.replace(/\x1b\[[\d;]*m/g, ''))?.[1]).find(Boolean) ?? '';
+      url = group.lines.map((l) => /Ready on (http:\/\/[\d.]+:\d+)/.exec(stripVTControlCharacters(l))?.[1]).find(Boolean) ?? '';
       if (!url) await sleep(100);
     }
     if (!url) throw new Error(`the router (wrangler) did not say where it listens ${await group.failed()}`);
