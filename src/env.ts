@@ -18,6 +18,8 @@ export interface Env extends Cloudflare.Env {
   CONFIG_TTL_MS?: string;
   /** a request's lease expires this long after its last renewal (default 60000; live requests renew every third of it) */
   LEASE_TTL_MS?: string;
+  /** P's good answer waits this long (ms) to travel with the finish report, default 250; 0: reported at once */
+  PREFILL_REPORT_DELAY_MS?: string;
   /** a write to the client waiting this long ends the request: the client left or stopped reading (default 10000) */
   CLIENT_STALL_MS?: string;
   ADMIN_TOKEN?: string;

@@ -10,6 +10,9 @@ import { pathToFileURL } from 'node:url';
 import * as liveSim from '../../sim/cluster.mjs';
 import { startRouter } from '../../scripts/router-process.mjs';
 
+/** src/forward/lifecycle.ts PREFILL_REPORT_DELAY_MS (the Worker's source is TypeScript: not imported here) */
+const PREFILL_REPORT_DELAY_MS = 250;
+
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
 /** @type {Set<() => Promise<void>>} */
@@ -156,6 +159,11 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
   try {
     if (withRouter) {
       const document = clusterDocument?.(cluster.engines) ?? defaultDocument(cluster.engines);
+      // The router's deliberate delays are real ms while the engines' time runs 1 / timeScale as
+      // fast: P's answer reported 250 ms late (src/forward/lifecycle.ts) would count its prefill
+      // as running for 5 simulated s at time scale 0.05. Scaled, it is the production 250 ms.
+      const timeScale = defaults.timeScale ?? 0;
+      if (timeScale > 0) vars = { PREFILL_REPORT_DELAY_MS: Math.round(PREFILL_REPORT_DELAY_MS * timeScale), ...vars };
       const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
       // under workerd the router binds free ports itself (one picked here could be taken meanwhile)
       const ports = runtime === 'workerd' ? { port: 0, inspectorPort: 0 } : { port: await freePort(), inspectorPort: await freePort() };

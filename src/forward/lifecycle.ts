@@ -42,6 +42,8 @@ export interface LifeOptions {
   clientSignal: AbortSignal;
   /** a live request renews its lease this often; the lease expires without it */
   renewMs: number;
+  /** P's good answer waits this long to travel with the finish report (PREFILL_REPORT_DELAY_MS var) */
+  prefillReportDelayMs?: number;
 }
 
 let sequence = 0;
@@ -208,7 +210,7 @@ export class RequestLife {
     this.#prefillTimer = setTimeout(() => {
       const deferred = this.#takeDeferredPrefill();
       if (deferred) this.#o.waitUntil(this.#call(this.#o.state.prefillDone(this.#leaseId, deferred)));
-    }, PREFILL_REPORT_DELAY_MS);
+    }, this.#o.prefillReportDelayMs ?? PREFILL_REPORT_DELAY_MS);
   }
 
   #takeDeferredPrefill(): LegReport | null {

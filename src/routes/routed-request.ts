@@ -5,7 +5,7 @@ import type { Env } from "../env";
 import type { RouterError } from "../errors";
 import { forwardColocated } from "../forward/colocated";
 import { notifiesPItself } from "../forward/handle-release";
-import { RequestLife, type Ending } from "../forward/lifecycle";
+import { PREFILL_REPORT_DELAY_MS, RequestLife, type Ending } from "../forward/lifecycle";
 import { forwardLocalPrefill } from "../forward/local-prefill";
 import { wasReported, type DecodeAnswer, type ForwardContext } from "../forward/pipeline";
 import { vllmPriorityOf } from "../forward/priority";
@@ -99,6 +99,7 @@ function openLife(c: Ctx, { path, body, requestId }: BodyToRoute, { config, pool
     trace: traceContext(c.req.header("traceparent"), c.req.header("tracestate")),
     clientSignal: c.req.raw.signal,
     renewMs: Math.max(10, Math.floor(ttlMs / 3)),
+    prefillReportDelayMs: numberVar(c.env.PREFILL_REPORT_DELAY_MS, PREFILL_REPORT_DELAY_MS),
   });
 }
 
