@@ -6,7 +6,7 @@
 // request ends. Each case streams a long answer from D and looks at P while D still streams.
 import { afterEach, describe, expect, it } from "vitest";
 
-import { RawClient, chatBody, startPairRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, chatBody, expectReleased, startPairRig, until, type Rig } from "./lifecycle-harness";
 
 let rig: Rig | undefined;
 afterEach(async () => {
@@ -28,7 +28,12 @@ describe("PREFILL_REPORT_DELAY_MS", () => {
   it("0: P's answer is reported at once, so P counts no prefill while D still streams", async () => {
     ({ rig } = await startPairRig({ engineDefaults: { decodeBaseMs: 5, decodeMsPerSeq: 0 }, vars: { PREFILL_REPORT_DELAY_MS: 0 } }));
     const client = await streaming(rig);
-    await until("p0's prefill released", () => p0(rig!), (f) => f.prefill === 0, 5_000);
+    await until(
+      "p0's prefill released",
+      () => p0(rig!),
+      (f) => f.prefill === 0,
+      5_000,
+    );
     // D is still streaming: the release came from P's own report, not the request's end
     expect(client.closed).toBe(false);
     expect((await rig.adminStatus()).leases).toBe(1);
@@ -44,6 +49,6 @@ describe("PREFILL_REPORT_DELAY_MS", () => {
     expect(client.closed).toBe(false);
     expect((await p0(rig)).prefill).toBe(1);
     client.socket.destroy();
-    await until("every lease released", () => rig!.adminStatus(), (s) => s.leases === 0 && s.nodes.every((n) => n.inflight.prefill + n.inflight.decode === 0), 10_000);
+    await expectReleased(rig, 10_000);
   }, 60_000);
 });
