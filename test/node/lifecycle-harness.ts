@@ -78,7 +78,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   const cluster = await startSimCluster({ defaults: { timeScale: 1, prefillMsPerToken: 0.01, ...o.engineDefaults }, engines: o.engines });
   const url = (id: string) => cluster.engines.get(id).url as string;
   const persistDir = await mkdtemp(path.join(tmpdir(), "pd-router-lifecycle-"));
-  const port = await freePort();
+  let port = await freePort();
   const all: string[] = [];
   let pending = "";
   let router: { url: string; pid: number; stop: () => Promise<void> };
@@ -100,11 +100,20 @@ export async function startRig(o: RigOptions): Promise<Rig> {
         else all.push(joined);
       },
     });
-  try {
-    router = await launch(o.document(url, `http://127.0.0.1:${port}`));
-  } catch (err) {
-    await cluster.close();
-    throw err;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      router = await launch(o.document(url, `http://127.0.0.1:${port}`));
+      break;
+    } catch (err) {
+      // the document names the router's own url, so its port is picked before workerd starts; another
+      // process can bind it while esbuild bundles (workerd then exits: "Address already in use")
+      if (attempt < 3 && /Address already in use/.test(String(err))) {
+        port = await freePort();
+        continue;
+      }
+      await cluster.close();
+      throw err;
+    }
   }
   const admin = { authorization: `Bearer ${ADMIN_TOKEN}` };
   const rig: Rig = {
