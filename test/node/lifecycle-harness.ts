@@ -39,6 +39,8 @@ export interface AdminStatus {
 export interface Rig {
   url: string;
   port: number;
+  /** workerd's inspector port, when the rig was started with one */
+  inspectorPort?: number | undefined;
   cluster: any;
   engine(id: string): any;
   /** every output line of the router process so far */
@@ -71,6 +73,7 @@ export interface RigOptions {
   /** a RATE_LIMITER binding (none by default) */
   rateLimit?: { limit: number; period: number };
   /** workerd's V8 inspector on this port (heap figures: scripts/devtools.mjs) */
+  /** workerd's V8 inspector port; 0: a free one workerd binds itself (`Rig.inspectorPort` names it) */
   inspectorPort?: number;
 }
 
@@ -81,7 +84,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   let port = await freePort();
   const all: string[] = [];
   let pending = "";
-  let router: { url: string; pid: number; stop: () => Promise<void> };
+  let router: { url: string; pid: number; inspectorPort?: number; stop: () => Promise<void> };
   const launch = (clusterDocument: unknown) =>
     startRouter({
       runtime: "workerd",
@@ -119,6 +122,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
   const rig: Rig = {
     url: router.url,
     port,
+    inspectorPort: router.inspectorPort,
     cluster,
     engine: (id) => cluster.engines.get(id),
     lines: () => all,
@@ -166,6 +170,7 @@ export async function startRig(o: RigOptions): Promise<Rig> {
     async restart(document) {
       await router.stop();
       router = await launch(document);
+      rig.inspectorPort = router.inspectorPort;
     },
     async stop() {
       await router?.stop();
