@@ -9,11 +9,11 @@
 //   --entry PATH            the Worker's entry point (default <cwd>/src/index.ts)
 //   --bare                  no KV and no Durable Object: a plain Worker (documentFile is ignored, pass -)
 //   --inspector-port N      workerd's V8 inspector on 127.0.0.1:N (CPU profiles; bench/profile.mjs)
+//   --ratelimit LIMIT/PERIOD a RATE_LIMITER binding (wrangler.toml's optional [[ratelimits]]), for tests
 //
 // <port> and N may be 0: workerd binds a free port itself, and the ready line names the ports it
 // took (`ready on http://127.0.0.1:PORT inspector N`). A port picked by the caller beforehand can be
 // taken by another process while esbuild bundles, before workerd binds it.
-//   --ratelimit LIMIT/PERIOD a RATE_LIMITER binding (wrangler.toml's optional [[ratelimits]]), for tests
 import { build } from 'esbuild';
 import { readFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';

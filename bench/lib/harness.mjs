@@ -10,8 +10,8 @@ import { pathToFileURL } from 'node:url';
 import * as liveSim from '../../sim/cluster.mjs';
 import { startRouter } from '../../scripts/router-process.mjs';
 
-/** src/forward/lifecycle.ts PREFILL_REPORT_DELAY_MS (the Worker's source is TypeScript: not imported here) */
-const PREFILL_REPORT_DELAY_MS = 250;
+/** src/forward/lifecycle.ts PREFILL_REPORT_DELAY_MS (TypeScript, not importable here; test/node/prefill-report-delay.test.ts holds the two equal) */
+export const PREFILL_REPORT_DELAY_MS = 250;
 
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -167,10 +167,8 @@ export async function startStack({ engines, defaults = {}, clusterDocument, rout
       const runtime = process.env.BENCH_RUNTIME === 'wrangler' ? 'wrangler' : 'workerd';
       // under workerd the router binds free ports itself (one picked here could be taken meanwhile)
       const ports = runtime === 'workerd' ? { port: 0, inspectorPort: 0 } : { port: await freePort(), inspectorPort: await freePort() };
-      router = await startRouter({ runtime, cwd: workerSnapshot(), ...ports, persistDir, clusterDocument: document, vars, onOutput: routerLog() }).then((r) => ({
-        ...r,
-        inspectorPort: /** @type {number} */ (r.inspectorPort),
-      }));
+      // either way the inspector port is set: the one passed, or the one workerd names
+      router = /** @type {Router} */ (await startRouter({ runtime, cwd: workerSnapshot(), ...ports, persistDir, clusterDocument: document, vars, onOutput: routerLog() }));
     }
   } catch (error) {
     await close();

@@ -8,6 +8,9 @@
 // (0) or travelled with the finish report (a long delay).
 import { afterEach, describe, expect, it } from "vitest";
 
+import { PREFILL_REPORT_DELAY_MS as BENCH_DEFAULT } from "../../bench/lib/harness.mjs";
+import { PREFILL_REPORT_DELAY_MS } from "../../src/forward/lifecycle";
+
 import { RawClient, chatBody, expectReleased, startPairRig, until, type Rig } from "./lifecycle-harness";
 
 let rig: Rig | undefined;
@@ -50,6 +53,10 @@ async function callsAfterResponse(r: Rig, requestId: string): Promise<number> {
 }
 
 describe("PREFILL_REPORT_DELAY_MS", () => {
+  it("the benchmark scales the Worker's own default", () => {
+    expect(BENCH_DEFAULT).toBe(PREFILL_REPORT_DELAY_MS);
+  });
+
   it("0: P's answer is reported at once, so P counts no prefill while D still streams", async () => {
     ({ rig } = await startPairRig({ engineDefaults: { decodeBaseMs: 5, decodeMsPerSeq: 0 }, vars: { PREFILL_REPORT_DELAY_MS: 0 } }));
     const client = await streaming(rig, "report-at-once");
