@@ -74,13 +74,16 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
   });
 });
 
+/** A prefill-only P, a `both` node and a decode-only D, neither of the last two prefilling alone. */
+const P_BOTH_D = [
+  { id: "p0", role: "prefill" as const },
+  { id: "c0", role: "both" as const, localPrefill: false },
+  { id: "d0", role: "decode" as const, localPrefill: false },
+];
+
 describe("predicted: a both node's own prefills do not make it a busy D", () => {
   it("the prefill legs a both node runs as a P are priced by the prediction, not counted as a decode queue: the request is routed, not held at the edge", async () => {
-    const nodes = [
-      { id: "p0", role: "prefill" as const },
-      { id: "c0", role: "both" as const, localPrefill: false },
-      { id: "d0", role: "decode" as const, localPrefill: false },
-    ];
+    const nodes = P_BOTH_D;
     // p0's engine has a long queue of its own: cold prompts take c0 as their P and d0 as their D
     await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
     await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity", disaggregation: "predicted" }, signals: { ...signals, queueBusy: 2 } });
@@ -109,11 +112,7 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
 
 describe("predicted: a both node as P pays the decode harm of the prefill it would run", () => {
   it("/v1/route shows decodeHarmMs on a both node's P figure while it decodes a stream, and none on a prefill-only P", async () => {
-    const nodes = [
-      { id: "p0", role: "prefill" as const },
-      { id: "c0", role: "both" as const, localPrefill: false },
-      { id: "d0", role: "decode" as const, localPrefill: false },
-    ];
+    const nodes = P_BOTH_D;
     await putNodes(nodes, predicted());
     await poll();
     // a conversation the policies send P p0 then D c0 (affinity: a fixed key, found by dry runs)
