@@ -78,6 +78,14 @@ export interface PredictedNode {
   decodeOnly?: boolean;
   /** sequences decoding on the node */
   decoding: number;
+  /**
+   * the prompt tokens of those sequences (the node's decode leases): a waiting request the router
+   * did not send as a prefill is one of them in the engine's queue — a sequence preempted for KV
+   * (vLLM puts it back at the head of the waiting queue to recompute: vllm/v1/core/sched/scheduler.py
+   * `_preempt_request`), or a decode leg waiting for its KV — so it is sized as their mean;
+   * absent, or nothing decoding: as this request's prompt
+   */
+  decodingTokens?: number;
 }
 
 /** What one request is to a node: its prompt and the part the node lacks. */
@@ -86,18 +94,29 @@ export interface RequestSize {
   uncachedTokens: number;
 }
 
-/** Waiting requests on the node that the router did not send it as prefills (each taken as this prompt's size). */
+/** Waiting requests on the node that the router did not send it as prefills. */
 const unknownWaiting = (n: PredictedNode): number => (n.waiting === null ? 0 : Math.max(0, n.waiting - n.prefillRequests));
 
-/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (each taken as this prompt; none on a decode-only node). */
+/**
+ * Tokens of one waiting request the router did not send: the mean prompt of the sequences the node
+ * holds as D, else this request's prompt. Taking every one as this prompt made a KV-full node with
+ * a few preempted sequences look hundreds of thousands of tokens deep to a long follow-up turn, and
+ * pushed it off the node that held its prefix (docs/predicted.md).
+ */
+export function waitingSizeOf(n: PredictedNode, size: RequestSize): number {
+  const decoding = Math.max(0, n.decoding);
+  return decoding > 0 && n.decodingTokens !== undefined ? Math.max(0, n.decodingTokens) / decoding : Math.max(0, size.promptTokens);
+}
+
+/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (waitingSizeOf each; none on a decode-only node). */
 export function queuedTokens(n: PredictedNode, size: RequestSize): number {
-  return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaiting(n) * Math.max(0, size.promptTokens));
+  return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaiting(n) * waitingSizeOf(n, size));
 }
 
 /** ms of the node's queue before this request: its prefill work, and on a decode-only node the pulls of the legs waiting for their KV. */
 function queueMsOf(n: PredictedNode, size: RequestSize, contextFactor: number): number {
   const prefill = queuedTokens(n, size) * n.rates.prefillMsPerToken * contextFactor;
-  return n.decodeOnly ? prefill + unknownWaiting(n) * Math.max(0, size.promptTokens) * n.rates.transferMsPerToken : prefill;
+  return n.decodeOnly ? prefill + unknownWaiting(n) * waitingSizeOf(n, size) * n.rates.transferMsPerToken : prefill;
 }
 
 /** ms of this request's own prefill on a node lacking `uncached` of its `prompt` tokens. */

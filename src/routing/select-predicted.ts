@@ -214,6 +214,7 @@ function predictedNode(n: CandidateNode, decodeOnly = false): PredictedNode {
     prefillRequests: n.prefillRequests ?? 0,
     waiting: n.signals?.queue ?? null,
     decoding: n.decoding ?? 0,
+    ...(n.decodingTokens !== undefined ? { decodingTokens: n.decodingTokens } : {}),
     ...(decodeOnly ? { decodeOnly } : {}),
   };
 }

@@ -88,8 +88,9 @@ export interface CandidateNode {
   /** prefill tokens running on the node and their requests, whatever role ran them (a local prefill's D too) */
   prefillTokens?: number;
   prefillRequests?: number;
-  /** sequences decoding on the node (its decode leases) */
+  /** sequences decoding on the node (its decode leases), and their prompt tokens */
   decoding?: number;
+  decodingTokens?: number;
 }
 
 /** What the engine reported (KV use and queue), projected by what was sent since; ageMs: how old the poll is. */

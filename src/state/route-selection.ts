@@ -133,6 +133,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
     prefillTokens: load?.prefillTokens ?? 0,
     prefillRequests: load?.prefill ?? 0,
     decoding: load?.decode ?? 0,
+    decodingTokens: load?.tokens ?? 0,
     charsPerToken: m.prefixes.rates.of(n.id),
     localPrefill: n.localPrefill === true,
     healthy: isHealthy(h, now),

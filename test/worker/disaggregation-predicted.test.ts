@@ -1,5 +1,6 @@
 import { beforeEach, describe, expect, it } from "vitest";
 import {
+  chatBody,
   completionsTo,
   engineFault,
   explain,
@@ -71,6 +72,46 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
     expect(d[warm].predictedTtftMs).toBeGreaterThan(d[cold].predictedTtftMs);
     expect(route.predictedTtftMs).toBeCloseTo(d[cold].predictedTtftMs, 0);
     expect((await sendChat(turn(2))).d).toBe(cold);
+  });
+});
+
+describe("predicted: a waiting request the router did not send is one of the node's own sequences, not this prompt", () => {
+  it("a warm D whose engine waits on legs as short as those it decodes keeps a long turn (taking each as this turn's size sent it to a cold D)", async () => {
+    await putNodes(
+      [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+      predicted("cache_aware"),
+    );
+    await poll();
+    const turn = conversation("short-waiting");
+    const warm = (await sendChat(turn(1))).d!;
+    const cold = warm === "d0" ? "d1" : "d0";
+    // a short request (a few tokens) that D `warm` decodes, and never finishes: a sequence decoding
+    // there (the cold D's KV full meanwhile, so the guard sends it to the warm one)
+    await setMetrics(cold, kv(0.95, { capacityTokens: 100_000 }));
+    await poll();
+    await engineFault(warm, { mode: "hang", count: 1 });
+    const client = new AbortController();
+    const pending = post("/v1/chat/completions", chatBody("ok"), { signal: client.signal }).catch((e: unknown) => e);
+    await waitFor(`${warm} decoding`, snapshot, (s) => s.nodes.find((n) => n.id === warm)!.inflight.decode === 1);
+
+    await setMetrics(cold, kv(0.1, { capacityTokens: 100_000 }));
+    // its engine has 12 legs waiting that the router did not send it as prefills (vLLM's
+    // WAITING_FOR_REMOTE_KVS, or sequences preempted for KV): sized as the sequences it decodes,
+    // a few tokens each — not 12 pulls of this ~3,100-token turn (~490 ms at the profile's transfer rate)
+    await setMetrics(warm, kv(0.1, { waiting: 12, capacityTokens: 100_000 }));
+    await poll();
+    const route = await explain(turn(2));
+    expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", decode: { id: warm } });
+    const d = byId(route.candidates.decode);
+    expect(d[warm].uncachedTokens).toBeLessThan(d[cold].uncachedTokens);
+    expect(d[warm].predictedTtftMs).toBeLessThan(d[cold].predictedTtftMs);
+    client.abort();
+    await pending;
+    await waitFor("released", snapshot, (s) => s.leases === 0);
   });
 });
 

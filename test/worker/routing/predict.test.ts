@@ -9,8 +9,10 @@ import {
   prefillDoneMs,
   prefillHarmMs,
   profileRates,
+  queuedTokens,
   remoteTtftMs,
   STICKY_MARGIN,
+  waitingSizeOf,
 } from "../../../src/routing/predict";
 import { choosePredicted, type DecodeCandidate, type PredictedCandidate } from "../../../src/routing/select-predicted";
 
@@ -64,6 +66,29 @@ describe("predicted TTFT (pure)", () => {
     expect(remoteTtftMs(node(), onP, shortQueue, warmD)).toBeCloseTo(remoteTtftMs(node(), onP, node(), warmD));
     const longQueue = node({ prefillTokens: 200_000, prefillRequests: 20 });
     expect(remoteTtftMs(node(), onP, longQueue, warmD)).toBeGreaterThan(remoteTtftMs(node(), onP, node(), warmD) * 2);
+  });
+
+  it("a waiting request the router did not send is sized as the sequences the node decodes (their mean prompt), else as this prompt", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 30 }),
+        fc.integer({ min: 1, max: 20 }),
+        fc.integer({ min: 1, max: 100_000 }),
+        fc.integer({ min: 1, max: 100_000 }),
+        (waiting, decoding, mean, prompt) => {
+          const size = { promptTokens: prompt, uncachedTokens: prompt };
+          const busy = node({ waiting, decoding, decodingTokens: decoding * mean });
+          expect(waitingSizeOf(busy, size)).toBeCloseTo(mean);
+          expect(queuedTokens(busy, size)).toBeCloseTo(waiting * mean);
+          // nothing decoding there (or not known): each is taken as this prompt
+          expect(queuedTokens(node({ waiting, decodingTokens: 0 }), size)).toBe(waiting * prompt);
+          expect(queuedTokens(node({ waiting, decoding }), size)).toBe(waiting * prompt);
+          // on a decode-only node they are pulls of that size
+          const pulls = node({ waiting, decoding, decodingTokens: decoding * mean, decodeOnly: true });
+          expect(prefillDoneMs(pulls, size) - prefillDoneMs(node(), size)).toBeCloseTo(waiting * mean * rates.transferMsPerToken, 6);
+        },
+      ),
+    );
   });
 
   it("on a decode-only node, a waiting request the router did not send is a KV pull ahead (its transfer), not a prompt to prefill", () => {
