@@ -42,9 +42,20 @@ export async function startRouter(options) {
   const persistDir = path.resolve(cwd, options.persistDir ?? '.wrangler/state');
   const deadline = Date.now() + startTimeoutMs;
   if (options.runtime === 'workerd') {
-    const worker = await startWorkerd({ port: options.port, persistDir, cwd, clusterDocument, vars, inspectorPort, rateLimit: options.rateLimit, startTimeoutMs, onOutput });
-    // workerd-router.mjs seeds the KV before its ready line: the Worker serves at once
-    await untilHealthy(worker, deadline, 'workerd');
+    const { worker, group } = await launchWorkerd({
+      port: options.port,
+      persistDir,
+      cwd,
+      clusterDocument,
+      vars,
+      inspectorPort,
+      rateLimit: options.rateLimit,
+      startTimeoutMs,
+      onOutput,
+    });
+    // workerd-router.mjs seeds the KV before its ready line: the Worker serves at once (a workerd
+    // that dies after it is reported at once, with its output and exit code)
+    await untilHealthy({ ...worker, group }, deadline, 'workerd');
     return worker;
   }
   mkdirSync(persistDir, { recursive: true });
@@ -99,6 +110,14 @@ export async function startRouter(options) {
  * @returns {Promise<{ url: string, pid: number, inspectorPort?: number, output: () => string, stop: () => Promise<void> }>}
  */
 export async function startWorkerd(o) {
+  return (await launchWorkerd(o)).worker;
+}
+
+/**
+ * startWorkerd's Worker and its process group (whether it exited, why it failed).
+ * @param {WorkerdOptions} o
+ */
+async function launchWorkerd(o) {
   mkdirSync(o.persistDir, { recursive: true });
   let documentFile = '-';
   if (!o.bare) {
@@ -118,7 +137,7 @@ export async function startWorkerd(o) {
     const ready = group.lines.map((l) => /^ready on (\S+)(?: inspector (\d+))?/.exec(l)).find(Boolean);
     if (ready) {
       const inspectorPort = ready[2] === undefined ? undefined : Number(ready[2]);
-      return { url: ready[1], pid: group.pid, inspectorPort, output: group.output, stop: group.stop };
+      return { worker: { url: ready[1], pid: group.pid, inspectorPort, output: group.output, stop: group.stop }, group };
     }
     await sleep(100);
   }
@@ -127,11 +146,11 @@ export async function startWorkerd(o) {
 
 /**
  * Poll `GET /healthz` until 200; on failure stop the process and throw with its last output.
- * @param {{ url: string, group?: ReturnType<typeof spawnGroup>, output: () => string, stop: () => Promise<void> }} router
+ * @param {{ url: string, group: ReturnType<typeof spawnGroup> }} router
  * @param {number} deadline @param {string} runtime
  */
 async function untilHealthy(router, deadline, runtime) {
-  while (Date.now() < deadline && !router.group?.exited()) {
+  while (Date.now() < deadline && !router.group.exited()) {
     try {
       const res = await fetch(`${router.url}/healthz`, { signal: AbortSignal.timeout(2000) });
       await res.arrayBuffer();
@@ -141,8 +160,7 @@ async function untilHealthy(router, deadline, runtime) {
     }
     await sleep(250);
   }
-  const why = router.group ? await router.group.failed() : (await router.stop(), `within the deadline:\n${router.output().split('\n').slice(-60).join('\n')}`);
-  throw new Error(`the router (${runtime}) did not answer GET /healthz 200 at ${router.url} ${why}`);
+  throw new Error(`the router (${runtime}) did not answer GET /healthz 200 at ${router.url} ${await router.group.failed()}`);
 }
 
 /**

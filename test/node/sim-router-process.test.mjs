@@ -1,5 +1,5 @@
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import { execSync } from 'node:child_process';
+import { execFileSync, execSync } from 'node:child_process';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -64,6 +64,40 @@ describe('startRouter on port 0', () => {
     } finally {
       await router.stop();
     }
+  }, 60000);
+});
+
+describe('startRouter under workerd', () => {
+  // A router that dies between its ready line and GET /healthz (an OOM kill, a crash on the first
+  // request) used to be reported only at the deadline, as if it had been slow: the poll did not
+  // watch the process.
+  it('a router killed after its ready line is reported at once, with how it exited', async () => {
+    const persistDir = path.join(dir, 'killed-after-ready');
+    const repo = path.resolve(path.dirname(new URL(import.meta.url).pathname), '../..');
+    const killGroup = () => {
+      const pid = Number(
+        execFileSync('pgrep', ['-f', `workerd-router.mjs 0 ${persistDir}`])
+          .toString()
+          .trim()
+          .split('\n')[0],
+      );
+      process.kill(-pid, 'SIGKILL');
+    };
+    const failure = await startRouter({
+      runtime: 'workerd',
+      cwd: repo,
+      persistDir,
+      clusterDocument: { nodes: [] },
+      startTimeoutMs: 45000,
+      onOutput: (line) => {
+        if (line.startsWith('ready on')) killGroup();
+      },
+    }).then(
+      (router) => (router.stop(), 'started'),
+      (error) => String(error),
+    );
+    // not "within the deadline" (45 s), after waiting for it
+    expect(failure).toMatch(/did not answer GET \/healthz 200 .* \(it exited: SIGKILL\)/);
   }, 60000);
 });
 
