@@ -19,6 +19,7 @@ const SCENARIOS = {
   'handle-retry': () => import('./scenarios/handle-retry.mjs').then((m) => m.runHandleRetry),
   seeds: () => import('./scenarios/seeds.mjs').then((m) => m.runSeeds),
   'seeds-spread': () => import('./scenarios/seeds.mjs').then((m) => m.runSeedsSpread),
+  'runs-spread': () => import('./scenarios/runs-spread.mjs').then((m) => m.runRunsSpread),
   docs: () => import('./scenarios/docs.mjs').then((m) => m.runDocs),
   soak: () => import('./scenarios/soak.mjs').then((m) => m.runSoak),
   tiers: () => import('./scenarios/tiers.mjs').then((m) => m.runTiers),
@@ -47,6 +48,9 @@ tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --un
               bench/results/seeds.json and the table of docs/benchmark-seeds.md; runs nothing itself
   seeds-spread --dirs A,B,... [--labels a,b,...]: the scorecards of several directories of runs
               (scripts/seeds-runs.sh DIR [busy-loops]) side by side, and which comparisons change direction
+  runs-spread --files A.json,B.json,... --baseline ROW [--labels a,b,...]: several agentic or multiturn runs
+              side by side: each row's median and range, and its ratio to ROW of the same run (in how many
+              runs at or better); runs nothing itself
   docs        rebuilds the results blocks of docs/benchmark.md from bench/results/*.json; runs nothing itself
   chart       --json PATH: re-draw the SVG of an earlier run
 
