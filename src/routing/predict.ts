@@ -100,8 +100,8 @@ const unknownWaiting = (n: PredictedNode): number => (n.waiting === null ? 0 : M
 /**
  * Tokens of one waiting request the router did not send: the mean prompt of the sequences the node
  * holds as D, else this request's prompt. Taking every one as this prompt made a KV-full node with
- * a few preempted sequences look hundreds of thousands of tokens deep to a long follow-up turn, and
- * pushed it off the node that held its prefix (docs/predicted.md).
+ * a few preempted sequences look hundreds of thousands of tokens deep to a long follow-up turn
+ * (docs/predicted.md: measured, it moved the agentic runs little; none of them preempted).
  */
 export function waitingSizeOf(n: PredictedNode, size: RequestSize): number {
   const decoding = Math.max(0, n.decoding);
