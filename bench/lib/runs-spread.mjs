@@ -17,6 +17,8 @@ export const SPREAD_METRICS = {
     { key: 'itlP99Ms', label: 'ITL p99 ms', lowerIsBetter: true },
     { key: 'hitRatio', label: 'APC', lowerIsBetter: false },
     { key: 'decodeKvPeak', label: 'decode KV peak', lowerIsBetter: true },
+    // predicted rows: the share of requests whose TTFT was within 25% of the prediction
+    { key: 'predictionRatio.within25', label: 'prediction within 25%', lowerIsBetter: false },
   ],
   multiturn: [
     { key: 'outTokPerS', label: 'out tok/s', lowerIsBetter: false },
@@ -36,6 +38,12 @@ export function median(xs) {
 
 /** @param {any} row a result row of agentic (`name`) or multiturn (`config`) */
 const rowName = (row) => String(row.name ?? row.config);
+
+/** A figure of a row by its key (`a.b` reads a nested one); null when absent or not a number. @param {any} row @param {string} key */
+const figure = (row, key) => {
+  const v = key.split('.').reduce((o, k) => (o == null ? undefined : o[k]), row);
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+};
 
 /**
  * @param {Array<{ label: string, report: { scenario: string, results: any[] } }>} runs
@@ -58,12 +66,12 @@ export function runsSpread(runs, baseline) {
       name,
       runs: each.filter(Boolean).length,
       metrics: metrics.map((m) => {
-        const values = each.map((row) => (row && Number.isFinite(row[m.key]) ? row[m.key] : null));
+        const values = each.map((row) => (row ? figure(row, m.key) : null));
         const present = /** @type {number[]} */ (values.filter((v) => v !== null));
         // paired: this row over the baseline of the same run, in runs that have both
         const ratios = values.map((v, i) => {
-          const b = bases[i]?.[m.key];
-          return v !== null && Number.isFinite(b) && b > 0 ? v / b : null;
+          const b = bases[i] ? figure(bases[i], m.key) : null;
+          return v !== null && b !== null && b > 0 ? v / b : null;
         });
         const paired = /** @type {number[]} */ (ratios.filter((x) => x !== null));
         return {

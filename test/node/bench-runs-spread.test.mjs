@@ -52,6 +52,18 @@ describe('runs-spread (pure)', () => {
     expect(table).toContain('1.1x (0.9-1.1), 1 of 3 at or better');
   });
 
+  it('reads a nested figure (the prediction ratio of predicted rows), absent on other rows', () => {
+    const run = (/** @type {number} */ within) => ({
+      label: `w${within}`,
+      report: { scenario: 'agentic', results: [{ name: 'colocated', ttftP50Ms: 700 }, { name: 'predicted', ttftP50Ms: 800, predictionRatio: { count: 300, within25: within, median: 1 } }] },
+    });
+    const s = runsSpread([run(0.6), run(0.7)], 'colocated');
+    const within = (/** @type {string} */ name) => s.rows.find((r) => r.name === name).metrics.find((m) => m.key === 'predictionRatio.within25');
+    expect(within('predicted')).toMatchObject({ values: [0.6, 0.7], median: 0.65, paired: 0 });
+    expect(within('colocated')).toMatchObject({ values: [null, null], median: null });
+    expect(runsSpreadMarkdown(s)).toContain('0.65 (0.6-0.7)');
+  });
+
   it('a row missing from a run is judged over the runs that have it', () => {
     const runs = [
       {
