@@ -105,7 +105,7 @@ export function runsSpreadMarkdown(s) {
     `|---|---|${s.rows[0].metrics.map(() => '---|').join('')}`,
   ];
   for (const r of s.rows) {
-    lines.push(`| ${r.name} | ${r.runs} | ${r.metrics.map((m) => `${num(m.median)} (${num(m.min)}-${num(m.max)})`).join(' | ')} |`);
+    lines.push(`| ${r.name} | ${r.runs} | ${r.metrics.map((m) => (m.median === null ? '-' : `${num(m.median)} (${num(m.min)}-${num(m.max)})`)).join(' | ')} |`);
   }
   lines.push('', `| row / ${s.baseline} | ${s.rows[0].metrics.map((m) => m.label).join(' | ')} |`, `|---|${s.rows[0].metrics.map(() => '---|').join('')}`);
   for (const r of s.rows) {
