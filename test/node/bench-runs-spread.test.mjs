@@ -55,7 +55,13 @@ describe('runs-spread (pure)', () => {
   it('reads a nested figure (the prediction ratio of predicted rows), absent on other rows', () => {
     const run = (/** @type {number} */ within) => ({
       label: `w${within}`,
-      report: { scenario: 'agentic', results: [{ name: 'colocated', ttftP50Ms: 700 }, { name: 'predicted', ttftP50Ms: 800, predictionRatio: { count: 300, within25: within, median: 1 } }] },
+      report: {
+        scenario: 'agentic',
+        results: [
+          { name: 'colocated', ttftP50Ms: 700 },
+          { name: 'predicted', ttftP50Ms: 800, predictionRatio: { count: 300, within25: within, median: 1 } },
+        ],
+      },
     });
     const s = runsSpread([run(0.6), run(0.7)], 'colocated');
     const within = (/** @type {string} */ name) => s.rows.find((r) => r.name === name).metrics.find((m) => m.key === 'predictionRatio.within25');
