@@ -59,9 +59,10 @@ export function runsSpread(runs, baseline) {
   const names = [];
   for (const r of runs) for (const row of r.report.results) if (!names.includes(rowName(row))) names.push(rowName(row));
   if (!names.includes(baseline)) throw new Error(`runs-spread: no row ${baseline} in any run (rows: ${names.join(', ')})`);
+  const rowOf = (/** @type {string} */ name) => runs.map((r) => r.report.results.find((row) => rowName(row) === name));
+  const bases = rowOf(baseline);
   const rows = names.map((name) => {
-    const each = runs.map((r) => r.report.results.find((row) => rowName(row) === name));
-    const bases = runs.map((r) => r.report.results.find((row) => rowName(row) === baseline));
+    const each = rowOf(name);
     return {
       name,
       runs: each.filter(Boolean).length,

@@ -13,32 +13,25 @@ const agentic = (/** @type {Array<[string, number, number]>} */ rows) => ({
   scenario: 'agentic',
   results: rows.map(([name, ttft, apc]) => ({ name, ttftP50Ms: ttft, ttftP90Ms: ttft * 8, tpotP90Ms: 75, itlP99Ms: 78, hitRatio: apc, decodeKvPeak: 0.7 })),
 });
+/** One labelled agentic run of rows [name, TTFT p50 ms, APC]. */
+const agenticRun = (/** @type {string} */ label, /** @type {Array<[string, number, number]>} */ rows) => ({ label, report: agentic(rows) });
 
 describe('runs-spread (pure)', () => {
   it('takes the median and range over the runs, and pairs each row with the baseline of its own run', () => {
     const runs = [
-      {
-        label: 'a',
-        report: agentic([
-          ['colocated', 700, 0.5],
-          ['both', 770, 0.45],
-        ]),
-      },
-      {
-        label: 'b',
-        report: agentic([
-          ['colocated', 600, 0.5],
-          ['both', 660, 0.55],
-        ]),
-      },
+      agenticRun('a', [
+        ['colocated', 700, 0.5],
+        ['both', 770, 0.45],
+      ]),
+      agenticRun('b', [
+        ['colocated', 600, 0.5],
+        ['both', 660, 0.55],
+      ]),
       // slower overall (a busy machine), and both ahead of colocated in it
-      {
-        label: 'c',
-        report: agentic([
-          ['colocated', 900, 0.5],
-          ['both', 810, 0.5],
-        ]),
-      },
+      agenticRun('c', [
+        ['colocated', 900, 0.5],
+        ['both', 810, 0.5],
+      ]),
     ];
     const s = runsSpread(runs, 'colocated');
     const both = s.rows.find((r) => r.name === 'both');
@@ -72,14 +65,11 @@ describe('runs-spread (pure)', () => {
 
   it('a row missing from a run is judged over the runs that have it', () => {
     const runs = [
-      {
-        label: 'a',
-        report: agentic([
-          ['colocated', 700, 0.5],
-          ['pd', 900, 0.5],
-        ]),
-      },
-      { label: 'b', report: agentic([['colocated', 700, 0.5]]) },
+      agenticRun('a', [
+        ['colocated', 700, 0.5],
+        ['pd', 900, 0.5],
+      ]),
+      agenticRun('b', [['colocated', 700, 0.5]]),
     ];
     const pd = runsSpread(runs, 'colocated').rows.find((r) => r.name === 'pd');
     expect(pd.runs).toBe(1);
@@ -87,7 +77,7 @@ describe('runs-spread (pure)', () => {
   });
 
   it('refuses one run, runs of different scenarios, a scenario it does not compare, and an unknown baseline', () => {
-    const run = { label: 'a', report: agentic([['colocated', 700, 0.5]]) };
+    const run = agenticRun('a', [['colocated', 700, 0.5]]);
     expect(() => runsSpread([run], 'colocated')).toThrow(/two runs at least/);
     expect(() => runsSpread([run, { label: 'm', report: { scenario: 'multiturn', results: [] } }], 'colocated')).toThrow(/m is a multiturn run/);
     expect(() => runsSpread([{ label: 't', report: { scenario: 'tiers', results: [] } }, run], 'colocated')).toThrow(/tiers runs are not compared/);

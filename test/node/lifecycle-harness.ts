@@ -72,8 +72,7 @@ export interface RigOptions {
   vars?: Record<string, string | number>;
   /** a RATE_LIMITER binding (none by default) */
   rateLimit?: { limit: number; period: number };
-  /** workerd's V8 inspector on this port (heap figures: scripts/devtools.mjs) */
-  /** workerd's V8 inspector port; 0: a free one workerd binds itself (`Rig.inspectorPort` names it) */
+  /** workerd's V8 inspector port (heap figures: scripts/devtools.mjs); 0: a free one workerd binds itself (`Rig.inspectorPort` names it) */
   inspectorPort?: number;
 }
 

@@ -4,27 +4,13 @@
 // runs the object's alarm by hand and ends the request with an in-process abort; here the poll is
 // the object's own alarm and the client leaves with a reset, as a closed tab does.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RawClient, chatBody, expectReleased, startRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, chatBody, expectReleased, startPairRig, until, type Rig } from "./lifecycle-harness";
 
 let rig: Rig;
 
 beforeAll(async () => {
-  rig = await startRig({
-    engines: [
-      { id: "p0", role: "prefill" },
-      { id: "d0", role: "decode" },
-    ],
-    document: (url) => ({
-      protocol: "vllm",
-      policy: { prefill: "round_robin", decode: "round_robin" },
-      signals: { intervalMs: 1000 },
-      health: { ejectAfter: 100 },
-      nodes: [
-        { id: "p0", url: url("p0"), role: "prefill" },
-        { id: "d0", url: url("d0"), role: "decode" },
-      ],
-    }),
-  });
+  // p0 and d0 under vllm (the await protocol), the object polling the engines every second
+  ({ rig } = await startPairRig({ document: { signals: { intervalMs: 1000 } } }));
 }, 120000);
 
 afterAll(async () => {

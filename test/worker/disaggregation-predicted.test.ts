@@ -42,21 +42,25 @@ beforeEach(async () => {
   for (const id of ["p0", "d0", "d1", "c0"]) await setMetrics(id, kv(0.1, { capacityTokens: 100_000 }));
 });
 
+/** p0 and two Ds under cache_aware, and a conversation's first turn sent: the D that holds it, and the other. */
+async function warmAndColdD(name: string) {
+  await putNodes(
+    [
+      { id: "p0", role: "prefill" },
+      { id: "d0", role: "decode" },
+      { id: "d1", role: "decode" },
+    ],
+    predicted("cache_aware"),
+  );
+  await poll();
+  const turn = conversation(name);
+  const warm = (await sendChat(turn(1))).d!;
+  return { turn, warm, cold: warm === "d0" ? "d1" : "d0" };
+}
+
 describe("predicted: the D predicted soonest, not the one holding the most of the prompt", () => {
   it("a warm D with a long queue is passed over for a cold one predicted faster", async () => {
-    await putNodes(
-      [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
-      ],
-      predicted("cache_aware"),
-    );
-    await poll();
-    const turn = conversation("queued-d");
-    const first = await sendChat(turn(1));
-    const warm = first.d!;
-    const cold = warm === "d0" ? "d1" : "d0";
+    const { turn, warm, cold } = await warmAndColdD("queued-d");
     const idle = await explain(turn(2));
     expect(idle).toMatchObject({ reason: "predicted", decode: { id: warm } });
 
@@ -77,18 +81,7 @@ describe("predicted: the D predicted soonest, not the one holding the most of th
 
 describe("predicted: a waiting request the router did not send is one of the node's own sequences, not this prompt", () => {
   it("a warm D whose engine waits on legs as short as those it decodes keeps a long turn (taking each as this turn's size sent it to a cold D)", async () => {
-    await putNodes(
-      [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
-      ],
-      predicted("cache_aware"),
-    );
-    await poll();
-    const turn = conversation("short-waiting");
-    const warm = (await sendChat(turn(1))).d!;
-    const cold = warm === "d0" ? "d1" : "d0";
+    const { turn, warm, cold } = await warmAndColdD("short-waiting");
     // a short request (a few tokens) that D `warm` decodes, and never finishes: a sequence decoding
     // there (the cold D's KV full meanwhile, so the guard sends it to the warm one)
     await setMetrics(cold, kv(0.95, { capacityTokens: 100_000 }));
