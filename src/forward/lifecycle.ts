@@ -43,7 +43,7 @@ export interface LifeOptions {
   /** a live request renews its lease this often; the lease expires without it */
   renewMs: number;
   /** P's good answer waits this long to travel with the finish report (PREFILL_REPORT_DELAY_MS var) */
-  prefillReportDelayMs?: number;
+  prefillReportDelayMs: number;
 }
 
 let sequence = 0;
@@ -210,7 +210,7 @@ export class RequestLife {
     this.#prefillTimer = setTimeout(() => {
       const deferred = this.#takeDeferredPrefill();
       if (deferred) this.#o.waitUntil(this.#call(this.#o.state.prefillDone(this.#leaseId, deferred)));
-    }, this.#o.prefillReportDelayMs ?? PREFILL_REPORT_DELAY_MS);
+    }, this.#o.prefillReportDelayMs);
   }
 
   #takeDeferredPrefill(): LegReport | null {
