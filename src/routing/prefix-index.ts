@@ -12,9 +12,14 @@
  * .maxBlocksPerRequest`). 128 blocks of 2,048 characters (~512 tokens) hold a 64k-token prompt
  * whole: that covers about 98% of the Mooncake conversation trace's prompts (p50 14 blocks, p90 54,
  * p99 167). Without a cap, a few huge unique prompts (a 10 MB body is ~5,000 blocks) would evict
- * the whole 100,000-entry index; with it, flushing takes ~800 such requests.
+ * the whole 100,000-entry index; with it, flushing takes ~800 such requests. A longer prompt also
+ * leaves one entry for its end (its last block's chained hash, which stands for the whole prompt):
+ * the next turn of a conversation past 64k tokens extends it, and matches through it.
  */
 export const DEFAULT_MAX_BLOCKS_PER_REQUEST = 128;
+
+/** The key of a prompt's end entry: apart from the blocks, which a match walks only from the first. */
+const endKey = (hash: string): string => `end:${hash}`;
 
 /**
  * Rough heap cost of one entry in V8/workerd: the Map slot (~40 B), the 16-hex-char key string
@@ -61,23 +66,50 @@ export class PrefixIndex {
       const hash = hashes[i] as string;
       this.#touch(hash, this.#entries.get(hash) as string[]);
     }
+    this.#matchEnds(hashes, nodeIds, result);
     return result;
   }
 
   /**
+   * A node that was sent a prompt longer than the cap holds this one through that prompt's end when
+   * our chained hash at some block is that end: the latest such block counts, past the capped head.
+   */
+  #matchEnds(hashes: readonly string[], nodeIds: readonly string[], result: Record<string, number>): void {
+    let least = Math.min(...nodeIds.map((id) => result[id] ?? 0));
+    for (let i = hashes.length - 1; i >= least; i--) {
+      const key = endKey(hashes[i] as string);
+      const holders = this.#entries.get(key);
+      if (!holders) continue;
+      let found = false;
+      for (const id of nodeIds) {
+        if (holders.includes(id) && (result[id] ?? 0) < i + 1) {
+          result[id] = i + 1;
+          found = true;
+        }
+      }
+      if (!found) continue;
+      this.#touch(key, holders);
+      least = Math.min(...nodeIds.map((id) => result[id] ?? 0));
+    }
+  }
+
+  /**
    * Remembers that `nodeId` now holds the blocks of `hashes` (it was sent that prompt): only the
-   * first `maxBlocks`, so one request cannot evict more than that many entries. Leading blocks are
-   * the ones a match can use (matching stops at the first missing block).
+   * first `maxBlocks`, so one request cannot evict more than that many entries (and one more, the
+   * end of a longer prompt). Leading blocks are the ones a match can use (matching stops at the
+   * first missing block); the end entry, the oldest of the request's, carries a match past them.
    */
   record(hashes: readonly string[], nodeId: string, maxBlocks: number = DEFAULT_MAX_BLOCKS_PER_REQUEST): void {
     const count = Math.min(hashes.length, Math.max(0, Math.floor(maxBlocks)));
-    for (let i = count - 1; i >= 0; i--) {
-      const hash = hashes[i] as string;
-      const holders = this.#entries.get(hash) ?? [];
-      if (!holders.includes(nodeId)) holders.push(nodeId);
-      this.#touch(hash, holders);
-    }
+    if (hashes.length > count && count > 0) this.#hold(endKey(hashes[hashes.length - 1] as string), nodeId);
+    for (let i = count - 1; i >= 0; i--) this.#hold(hashes[i] as string, nodeId);
     this.#evict();
+  }
+
+  #hold(key: string, nodeId: string): void {
+    const holders = this.#entries.get(key) ?? [];
+    if (!holders.includes(nodeId)) holders.push(nodeId);
+    this.#touch(key, holders);
   }
 
   /** Drops everything known about `nodeId` (it was removed, restarted or lost its cache). */

@@ -15,6 +15,8 @@ export interface CachePrediction {
   role: Role;
   /** the request's prefix block hashes and how many leading ones the node was believed to hold */
   hashes: string[];
+  /** the last block's hash of a prompt longer than the head kept in `hashes` (its end entry) */
+  endHash?: string;
   matched: number;
   promptChars: number;
   blockChars: number;

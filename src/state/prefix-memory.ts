@@ -50,6 +50,7 @@ export class PrefixMemory {
       node,
       role,
       hashes: req.prefixHashes.slice(0, maxBlocks),
+      ...(req.prefixHashes.length > maxBlocks ? { endHash: req.prefixHashes.at(-1) as string } : {}),
       matched: input.prefixMatches[role][node] ?? 0,
       promptChars: req.promptChars ?? 0,
       blockChars: cacheAware.blockChars,
@@ -79,7 +80,7 @@ export class PrefixMemory {
     this.forget(usage.node, "cache_lost");
     for (const role of ROLES) {
       if (cluster.nodes.some((n) => n.id === usage.node && (n.role === role || n.role === "both")))
-        this.index[role].record(prediction.hashes, usage.node, prediction.hashes.length);
+        this.index[role].record(prediction.endHash ? [...prediction.hashes, prediction.endHash] : prediction.hashes, usage.node, prediction.hashes.length);
     }
   }
 

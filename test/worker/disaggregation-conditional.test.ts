@@ -113,6 +113,20 @@ describe("conditional disaggregation: a warm turn is prefilled by D alone", () =
     expect(usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(usage.prompt_tokens / 2);
   });
 
+  it("a conversation longer than the blocks one request records (maxBlocksPerRequest) is still warm on its next turn: the index keeps its end", async () => {
+    // 12 blocks of system prompt (~6,000 tokens), 4 recorded a request: without the end entry turn 2
+    // would look 8 blocks (~4,000 tokens) cold on D, over the 2,048-token threshold, and go P then D
+    await conditional([P("p0"), D("d0"), D("d1")], { cacheAware: { maxBlocksPerRequest: 4 } });
+    const chat = conversation("beyond-cap", 12);
+    const one = await send("/v1/chat/completions", chat.turn(1));
+    expect(one.mode).toBe("disaggregated");
+    const second = chat.turn(2);
+    const route2 = await explain(second);
+    expect(route2).toMatchObject({ mode: "local", reason: "cached", decode: { id: one.d } });
+    expect(route2.uncachedTokens).toBeLessThan(512);
+    expect((await send("/v1/chat/completions", second)).mode).toBe("local");
+  });
+
   it.each(["round_robin", "affinity", "cache_aware", "least_load"])(
     "works under decode policy %s (the decode index records what D received whatever the policy)",
     async (policy) => {

@@ -24,16 +24,57 @@ describe("PrefixIndex", () => {
     warm.forEach((c, i) => index.record(c, `n${i % 4}`));
     // five 5,000-block prompts (a 10 MB body each), capped at 128 blocks a request
     for (let i = 0; i < 5; i++) index.record(chain(`huge${i}-`, 5000), "n0", 128);
-    expect(index.size).toBe(200 + 5 * 128);
+    // each keeps its first 128 blocks and its end
+    expect(index.size).toBe(200 + 5 * 129);
     warm.forEach((c, i) => expect(index.match(c, [`n${i % 4}`])).toEqual({ [`n${i % 4}`]: 10 }));
-    // only the leading blocks are kept: the capped prompt matches up to its cap
-    expect(index.match(chain("huge0-", 5000), ["n0"])).toEqual({ n0: 128 });
+    expect(index.match(chain("huge0-", 5000), ["n0"])).toEqual({ n0: 5000 });
   });
 
-  it("caps what one request records by default (DEFAULT_MAX_BLOCKS_PER_REQUEST)", () => {
+  it("caps what one request records by default (DEFAULT_MAX_BLOCKS_PER_REQUEST, and a longer prompt's end)", () => {
     const index = new PrefixIndex(100_000);
     index.record(chain("big", 10_000), "n1");
-    expect(index.size).toBe(DEFAULT_MAX_BLOCKS_PER_REQUEST);
+    expect(index.size).toBe(DEFAULT_MAX_BLOCKS_PER_REQUEST + 1);
+  });
+
+  it("a conversation past the cap matches through its last turn's end; a prompt that differs past the head matches the head", () => {
+    // chained hashes: block i of a prompt stands for everything up to it, so a turn that extends
+    // the last one has the last one's end among its own blocks
+    const index = new PrefixIndex(10_000);
+    const turn1 = chain("conv-", 200);
+    index.record(turn1, "n1", 128);
+    index.record(turn1.slice(0, 128), "n2", 128); // n2 was sent only the head (a shorter prompt)
+    const turn2 = [...turn1, ...chain("turn2-", 30)];
+    expect(index.match(turn2, ["n1", "n2", "n3"])).toEqual({ n1: 200, n2: 128, n3: 0 });
+    // the same head, then other text (chained: every later hash differs): the head alone
+    const other = [...turn1.slice(0, 150), ...chain("other-", 80)];
+    expect(index.match(other, ["n1"])).toEqual({ n1: 128 });
+    // a prompt within the cap leaves no end entry
+    const small = new PrefixIndex(100);
+    small.record(chain("s", 10), "n1", 128);
+    expect(small.size).toBe(10);
+    // forgetting a node forgets its ends
+    index.forget("n1");
+    expect(index.match(turn2, ["n1"])).toEqual({ n1: 0 });
+  });
+
+  it("past the cap, a node holds a query through the longest prompt it was sent that the query extends (model check)", () => {
+    fc.assert(
+      fc.property(fc.array(fc.tuple(fc.nat(3), fc.integer({ min: 1, max: 8 }), fc.constantFrom("n1", "n2")), { maxLength: 40 }), fc.integer({ min: 1, max: 4 }), (ops, cap) => {
+        const index = new PrefixIndex(10_000);
+        for (const [conv, len, nodeId] of ops) index.record(chain(`c${conv}-`, len), nodeId, cap);
+        for (let conv = 0; conv <= 3; conv++) {
+          for (const queryLen of [cap, 6, 8]) {
+            const got = index.match(chain(`c${conv}-`, queryLen), ["n1", "n2"]);
+            for (const id of ["n1", "n2"]) {
+              const sent = ops.filter(([c, , n]) => c === conv && n === id).map(([, len]) => len);
+              const head = Math.min(Math.max(0, ...sent), cap, queryLen);
+              const ends = sent.filter((len) => len > cap && len <= queryLen);
+              expect(got[id]).toBe(Math.max(head, ...ends));
+            }
+          }
+        }
+      }),
+    );
   });
 
   it("stops a node's count at a gap even when it holds later blocks", () => {

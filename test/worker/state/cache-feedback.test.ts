@@ -130,12 +130,16 @@ const holders = (m: PrefixMemory, role: "prefill" | "decode", nodes: string[]) =
 afterEach(() => vi.restoreAllMocks());
 
 describe("a routed request", () => {
-  it("disaggregated: predicts what P holds; P and D hold the prompt now, each in its pool's index, up to maxBlocksPerRequest", () => {
+  it("disaggregated: predicts what P holds; P and D hold the prompt now, each in its pool's index, up to maxBlocksPerRequest and the end", () => {
     const m = new PrefixMemory(100);
     const prediction = m.routed(routeRequest({ prefixHashes: HASHES, promptChars: 2048 }), decision("p0", "d0"), input(["p0"], ["d0"]), CACHE);
-    expect(prediction).toEqual({ node: "p0", role: "prefill", hashes: ["h1", "h2", "h3"], matched: 3, promptChars: 2048, blockChars: 512 });
-    expect(holders(m, "prefill", ["p0", "d0"])).toEqual({ p0: 3, d0: 0 });
-    expect(holders(m, "decode", ["p0", "d0"])).toEqual({ p0: 0, d0: 3 });
+    // 4 blocks, 3 recorded a request: the lease keeps the head and the end
+    expect(prediction).toEqual({ node: "p0", role: "prefill", hashes: ["h1", "h2", "h3"], endHash: "h4", matched: 3, promptChars: 2048, blockChars: 512 });
+    expect(holders(m, "prefill", ["p0", "d0"])).toEqual({ p0: 4, d0: 0 });
+    expect(holders(m, "decode", ["p0", "d0"])).toEqual({ p0: 0, d0: 4 });
+    // the head and the end are kept, the blocks between them not
+    expect(m.index.prefill.match(["h1", "h2", "h3", "h4", "h5"], ["p0"])).toEqual({ p0: 4 });
+    expect(m.index.prefill.match(["h1", "h2", "h3", "x4"], ["p0"])).toEqual({ p0: 3 });
   });
 
   it("served by D alone (a local prefill, or colocated): predicts what D holds, and only D holds it", () => {
@@ -146,21 +150,21 @@ describe("a routed request", () => {
       const m = new PrefixMemory(100);
       expect(m.routed(routeRequest({ prefixHashes: HASHES }), d, inp, CACHE)).toMatchObject({ node: "d0", role: "decode", matched: 1 });
       expect(holders(m, "prefill", ["p0", "d0"])).toEqual({ p0: 0, d0: 0 });
-      expect(holders(m, "decode", ["d0"])).toEqual({ d0: 3 });
+      expect(holders(m, "decode", ["d0"])).toEqual({ d0: 4 });
     }
   });
 
   it("a node of role both has one cache: each pool's index learns it", () => {
     const m = new PrefixMemory(100);
     m.routed(routeRequest({ prefixHashes: HASHES }), decision("b0", "b0"), input(["b0"], ["b0"]), CACHE);
-    expect(holders(m, "prefill", ["b0"])).toEqual({ b0: 3 });
-    expect(holders(m, "decode", ["b0"])).toEqual({ b0: 3 });
+    expect(holders(m, "prefill", ["b0"])).toEqual({ b0: 4 });
+    expect(holders(m, "decode", ["b0"])).toEqual({ b0: 4 });
   });
 });
 
 describe("an engine's answer", () => {
   const view = clusterView([viewNode("p0", "prefill"), viewNode("d0", "decode"), viewNode("b0", "both")]);
-  const prediction = (node: string) => ({ node, role: "decode" as const, hashes: ["h1", "h2", "h3"], matched: 3, promptChars: 3 * 512, blockChars: 512 });
+  const prediction = (node: string) => ({ node, role: "decode" as const, hashes: ["h1", "h2", "h3"], endHash: "h5", matched: 3, promptChars: 5 * 512, blockChars: 512 });
 
   it("teaches the node's characters per token (when the prompt's size is known)", () => {
     const m = new PrefixMemory(100);
@@ -193,6 +197,8 @@ describe("an engine's answer", () => {
     for (const role of ["prefill", "decode"] as const) {
       expect(m.index[role].match(["x1"], ["b0"])).toEqual({ b0: 0 });
       expect(m.index[role].match(["h1", "h2", "h3"], ["b0"])).toEqual({ b0: 3 });
+      // and its end, past the head the lease kept
+      expect(m.index[role].match(["h1", "h2", "h3", "h4", "h5"], ["b0"])).toEqual({ b0: 5 });
     }
     expect(warn.mock.calls.map((c) => JSON.parse(String(c[0])))).toEqual([{ event: "prefix_cache_forgotten", node: "b0", reason: "cache_lost" }]);
   });
