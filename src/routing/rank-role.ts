@@ -75,6 +75,12 @@ export interface Ranked {
   decision: RoleDecision;
   /** available, in-scope nodes under their bound, in the policy's order (the chosen one included) */
   preferred: string[];
+  /**
+   * cache_aware: nodes under the in-flight bound but over their share of the work recently routed,
+   * in the policy's order. Predicted disaggregation weighs them too: it prices a node's queue
+   * itself, and the share bound would otherwise take a conversation's warm node from it.
+   */
+  overShare: string[];
   usedRoundRobin: boolean;
   /** the load each node was weighed with (in-flight requests weighted by their tokens, plus the KV barrier) */
   effective: Map<string, number>;
@@ -250,11 +256,15 @@ export function rankRole(pool: Pool, group?: string): RankOutcome {
     // a busy node is a last resort for a failover: better than an error once the request is under way
     const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
     const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
-    return ranked({ id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false }, preferred, usedRoundRobin);
+    const overShare = overBound.filter((id) => {
+      const n = nodeById(nodes, id) as CandidateNode;
+      return loadOf(n) < boundOf(n);
+    });
+    return ranked({ id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false }, preferred, usedRoundRobin, overShare);
   }
 
-  function ranked(decision: RoleDecision, preferred: string[], usedRoundRobin: boolean): Ranked {
-    return { kind: "ok", decision, preferred, usedRoundRobin, effective: new Map(nodes.map((n) => [n.id, loadOf(n)])) };
+  function ranked(decision: RoleDecision, preferred: string[], usedRoundRobin: boolean, overShare: string[] = []): Ranked {
+    return { kind: "ok", decision, preferred, overShare, usedRoundRobin, effective: new Map(nodes.map((n) => [n.id, loadOf(n)])) };
   }
 
   /** A node as /v1/route shows it: its state, the guard's figures, in-flight tokens, the load weighed, and what it lacks of this prompt. */

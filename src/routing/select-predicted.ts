@@ -136,8 +136,8 @@ const round1 = (x: number): number => Math.round(x * 10) / 10;
 
 /**
  * `policy.disaggregation: "predicted"` (SPEC 9): both pools are ranked by their policies (bounds,
- * the KV guard and stickiness as ever); every P and D they would take — under their bounds, not
- * busy — is an option, paired with every other (inside one group under pdGroup strict; `prefer`
+ * the KV guard and stickiness as ever); every P and D they would take — under their in-flight
+ * bounds (over cache_aware's share bound too: the prediction prices a node's queue), not busy — is an option, paired with every other (inside one group under pdGroup strict; `prefer`
  * is not applied), and every such D that may prefill alone is a local option too. The choice is
  * select-predicted.ts's; the candidates carry each node's rates and predicted TTFT.
  */
@@ -159,7 +159,9 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
     uncachedTokens: uncachedTokensOf(chars, input.prefixMatches[role][n.id] ?? 0, blockChars, n.charsPerToken),
   });
   const optionsOf = (r: Ranked, pool: Pool): CandidateNode[] =>
-    [r.decision.id, ...r.preferred.filter((id) => id !== r.decision.id)].map((id) => nodeById(pool.nodes, id)).filter((n): n is CandidateNode => n !== undefined);
+    [r.decision.id, ...[...r.preferred, ...r.overShare].filter((id) => id !== r.decision.id)]
+      .map((id) => nodeById(pool.nodes, id))
+      .filter((n): n is CandidateNode => n !== undefined);
   const prefillIds = new Set(prefillPool.nodes.map((n) => n.id));
   const answer = choosePredicted({
     prefills: optionsOf(prefill, prefillPool).map((n) => ({ id: n.id, group: n.group, node: predictedNode(n), size: sizeOn(n, "prefill") })),

@@ -207,6 +207,20 @@ describe("cache_aware", () => {
     expect(d.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_share");
   });
 
+  it("under predicted disaggregation a warm node over its share is still an option: the prediction prices its queue, and takes it over a cold one", () => {
+    // work recently routed, in tokens: d1 took 30k of the last 48k, over 1.1 x its third and a request's slack
+    const skewed = [node("d0", { recent: 9000, localPrefill: true }), node("d1", { recent: 30_000, localPrefill: true }), node("d2", { recent: 9000, localPrefill: true })];
+    const fields = { decode: skewed, promptChars: 10 * 512, policy: { prefill: "cache_aware", decode: "cache_aware", disaggregation: "predicted" } } as const;
+    // d1 holds the whole prompt and is over its share: the policy's pick is d0, and d1 alone is far faster
+    const both = decided(selectRoute(selection({ ...fields, prefixMatches: { prefill: {}, decode: { d1: 10, d0: 3 } }, prefixBlockCount: 10 })));
+    expect(both.decode.candidates.find((c) => c.id === "d1")?.skipped).toBe("over_share");
+    expect(both).toMatchObject({ mode: "local", reason: "predicted", decode: { id: "d1", rule: "predicted" } });
+    // over the in-flight bound (cache_aware's: 3 x 21 / 4 in flight), it is not
+    const loaded = [...skewed.map((n) => (n.id === "d1" ? { ...n, load: 20 } : n)), node("d3", { recent: 9000, localPrefill: true })];
+    const bounded = decided(selectRoute(selection({ ...fields, decode: loaded, prefixMatches: { prefill: {}, decode: { d1: 10, d0: 3 } }, prefixBlockCount: 10 })));
+    expect(bounded.decode.id).not.toBe("d1");
+  });
+
   it("sends a request whose prefix nobody holds to the node with the smallest recent share", () => {
     const d = cache({ d0: 1, d1: 1, d2: 1 }, { decode: [node("d0", { recent: 5 }), node("d1", { recent: 3 }), node("d2", { recent: 4 })] });
     expect(d.id).toBe("d1");
