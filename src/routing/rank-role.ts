@@ -256,10 +256,7 @@ export function rankRole(pool: Pool, group?: string): RankOutcome {
     // a busy node is a last resort for a failover: better than an error once the request is under way
     const busyOnes = ordered.filter((n) => isAvailable(n) && inScope(n) && busy(n)).map((n) => n.id);
     const fallbacks = [...preferred, ...overBound, ...busyOnes].filter((id) => id !== pick?.id);
-    const overShare = overBound.filter((id) => {
-      const n = nodeById(nodes, id) as CandidateNode;
-      return loadOf(n) < boundOf(n);
-    });
+    const overShare = ordered.filter((n) => eligible(n) && bounded && loadOf(n) < boundOf(n) && !underShare(n)).map((n) => n.id);
     return ranked({ id: pick?.id ?? "", rule: why, candidates, fallbacks, failOpen: false }, preferred, usedRoundRobin, overShare);
   }
 

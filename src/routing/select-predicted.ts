@@ -137,8 +137,9 @@ const round1 = (x: number): number => Math.round(x * 10) / 10;
 /**
  * `policy.disaggregation: "predicted"` (SPEC 9): both pools are ranked by their policies (bounds,
  * the KV guard and stickiness as ever); every P and D they would take — under their in-flight
- * bounds (over cache_aware's share bound too: the prediction prices a node's queue), not busy — is an option, paired with every other (inside one group under pdGroup strict; `prefer`
- * is not applied), and every such D that may prefill alone is a local option too. The choice is
+ * bounds (over cache_aware's share bound too: the prediction prices a node's queue), not busy —
+ * is an option, paired with every other (inside one group under pdGroup strict; `prefer` is not
+ * applied), and every such D that may prefill alone is a local option too. The choice is
  * select-predicted.ts's; the candidates carry each node's rates and predicted TTFT.
  */
 export function selectPredicted(input: SelectionInput, cursors: Decision["cursors"], rankDecode: () => Result<Ranked, SelectionError>): Result<Decision, SelectionError> {
