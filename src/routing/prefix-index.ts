@@ -30,6 +30,8 @@ const endKey = (hash: string): string => `end:${hash}`;
  */
 export class PrefixIndex {
   readonly #entries = new Map<string, string[]>();
+  /** the lowest block an end entry was recorded at (Infinity: none): a match looks no lower for ends */
+  #lowestEnd = Number.POSITIVE_INFINITY;
   readonly #maxEntries: number;
 
   constructor(maxEntries: number) {
@@ -75,7 +77,8 @@ export class PrefixIndex {
    * our chained hash at some block is that end: the latest such block counts, past the capped head.
    */
   #matchEnds(hashes: readonly string[], nodeIds: readonly string[], result: Record<string, number>): void {
-    let least = Math.min(...nodeIds.map((id) => result[id] ?? 0));
+    if (hashes.length <= this.#lowestEnd) return;
+    let least = Math.max(this.#lowestEnd, Math.min(...nodeIds.map((id) => result[id] ?? 0)));
     for (let i = hashes.length - 1; i >= least; i--) {
       const key = endKey(hashes[i] as string);
       const holders = this.#entries.get(key);
@@ -89,7 +92,7 @@ export class PrefixIndex {
       }
       if (!found) continue;
       this.#touch(key, holders);
-      least = Math.min(...nodeIds.map((id) => result[id] ?? 0));
+      least = Math.max(this.#lowestEnd, Math.min(...nodeIds.map((id) => result[id] ?? 0)));
     }
   }
 
@@ -101,7 +104,10 @@ export class PrefixIndex {
    */
   record(hashes: readonly string[], nodeId: string, maxBlocks: number = DEFAULT_MAX_BLOCKS_PER_REQUEST): void {
     const count = Math.min(hashes.length, Math.max(0, Math.floor(maxBlocks)));
-    if (hashes.length > count && count > 0) this.#hold(endKey(hashes[hashes.length - 1] as string), nodeId);
+    if (hashes.length > count && count > 0) {
+      this.#hold(endKey(hashes[hashes.length - 1] as string), nodeId);
+      this.#lowestEnd = Math.min(this.#lowestEnd, hashes.length - 1);
+    }
     for (let i = count - 1; i >= 0; i--) this.#hold(hashes[i] as string, nodeId);
     this.#evict();
   }
@@ -124,6 +130,7 @@ export class PrefixIndex {
 
   clear(): void {
     this.#entries.clear();
+    this.#lowestEnd = Number.POSITIVE_INFINITY;
   }
 
   /** The entry moves to the newest end of the eviction order (a Map keeps insertion order). */
