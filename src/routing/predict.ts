@@ -26,6 +26,11 @@ export interface NodeRates {
    * request, the transfer's setup, its scheduling (0 in a profile; learned with the per-token rate)
    */
   handoffMs: number;
+  /**
+   * tokens a request decodes, the mean over the cluster's recent streams (the same on every node;
+   * a profile's prior 256; absent or 0: decode load is not priced)
+   */
+  decodeTokens?: number;
 }
 
 /**
@@ -60,6 +65,7 @@ export const profileRates = (p: RateProfile): NodeRates => ({
   decodeMsPerSeq: 0,
   transferMsPerToken: (KV_BYTES_PER_TOKEN / (p.transferGBPerS * 1e9)) * 1000,
   handoffMs: 0,
+  decodeTokens: 256,
 });
 
 /** One node as the prediction reads it. */
@@ -171,6 +177,15 @@ export interface LocalPrediction {
  * prefill-only P decodes nothing and pays 0.
  */
 export const prefillHarmMs = (n: PredictedNode, size: RequestSize): number => ownPrefillMs(n.rates, size) * Math.max(0, n.decoding);
+
+/**
+ * What decoding this request on D costs the cluster (ms summed over sequences): its own steps, each
+ * as long as D's step with it joining, and what it adds to every step of the sequences decoding
+ * there (ms a sequence), over the tokens a request decodes. Only the difference between two Ds
+ * counts (choosePredicted takes it over the least loaded): without it nothing priced the decode
+ * steps a new sequence lengthens, and a warm D's queue of decodes grew unseen.
+ */
+export const decodeLoadMs = (d: PredictedNode): number => (d.rates.decodeTokens ?? 0) * (stepMsOf(d) + d.rates.decodeMsPerSeq * Math.max(0, d.decoding));
 
 /** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
 export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {

@@ -12,6 +12,7 @@ import {
   type PredictedNode,
   profileRates,
   beatsIncumbent,
+  decodeLoadMs,
   decodeSide,
   hasKvRoom,
   localPrediction,
@@ -49,7 +50,10 @@ export interface PredictedQuestion {
   kvBusy: number;
 }
 
-/** An option; `harmMs`: what its prefill adds to the decode steps of the node that runs it (0 on a prefill-only P). */
+/**
+ * An option; `harmMs`: what its prefill adds to the decode steps of the node that runs it (0 on a
+ * prefill-only P), plus its D's decode load over the least loaded D's.
+ */
 export type PredictedChoice =
   | { mode: "disaggregated"; prefill: string; decode: string; ttftMs: number; harmMs: number }
   | { mode: "local"; decode: string; ttftMs: number; harmMs: number };
@@ -60,6 +64,8 @@ export interface NodeFigures {
   /** D: prefilling alone (null: not an option there) and the decode harm it would do */
   localTtftMs?: number | null;
   decodeHarmMs?: number;
+  /** D: its decode load over the least loaded D's (predict.ts decodeLoadMs) */
+  decodeLoadMs?: number;
 }
 
 export interface PredictedAnswer {
@@ -88,8 +94,13 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const figures = { prefill: new Map<string, NodeFigures>(), decode: new Map<string, NodeFigures>() };
   let best: PredictedChoice | null = null;
   let incumbent: PredictedChoice | null = null;
+  // decode load over the least loaded D: a D's harm beside its options' prefill harm
+  const loads = q.decodes.map((d) => decodeLoadMs(d.node));
+  const least = Math.min(...loads);
 
-  for (const d of q.decodes) {
+  for (let j = 0; j < q.decodes.length; j++) {
+    const d = q.decodes[j]!;
+    const load = loads[j]! - least;
     const side = decodeSide(d.node, d.size);
     let bestAt = -1;
     let bestScore = Infinity;
@@ -98,7 +109,7 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
       const p = prefills[i]!;
       if (p.id === d.id || (q.sameGroup && p.group !== d.group)) continue;
       const ms = remoteAfterPrefillMs(prefillMs[i]!, side);
-      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms, harmMs: harmOfP[i]! };
+      if (d === firstD && incumbent === null) incumbent = { mode: "disaggregated", prefill: p.id, decode: d.id, ttftMs: ms, harmMs: harmOfP[i]! + load };
       if (ms + harmOfP[i]! < bestScore) {
         bestScore = ms + harmOfP[i]!;
         bestMs = ms;
@@ -106,9 +117,10 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
       }
       if (ms < bestOfP[i]!) bestOfP[i] = ms;
     }
-    const bestHere: PredictedChoice | null = bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs, harmMs: harmOfP[bestAt]! };
+    const bestHere: PredictedChoice | null =
+      bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs, harmMs: harmOfP[bestAt]! + load };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
-    const localChoice: PredictedChoice | null = local ? { mode: "local", decode: d.id, ...local } : null;
+    const localChoice: PredictedChoice | null = local ? { mode: "local", decode: d.id, ttftMs: local.ttftMs, harmMs: local.harmMs + load } : null;
     // both policies put one node first (`both` nodes): their own pick is that node alone
     if (d === firstD && localChoice && prefills[0]?.id === d.id) incumbent = localChoice;
     const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(localChoice ? [localChoice] : [])];
@@ -118,6 +130,7 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
       localTtftMs: local ? local.ttftMs : null,
     };
     if (local) f.decodeHarmMs = local.harmMs;
+    if (load > 0) f.decodeLoadMs = load;
     figures.decode.set(d.id, f);
   }
   prefills.forEach((p, i) => {
@@ -239,6 +252,7 @@ function withPrediction(c: ScoredCandidate, n: CandidateNode | undefined, f: Nod
     out.predictedTtftMs = round1(f.predictedTtftMs);
     if (f.localTtftMs !== undefined) out.localTtftMs = f.localTtftMs === null ? null : round1(f.localTtftMs);
     if (f.decodeHarmMs !== undefined) out.decodeHarmMs = round1(f.decodeHarmMs);
+    if (f.decodeLoadMs !== undefined) out.decodeLoadMs = round1(f.decodeLoadMs);
   }
   return out;
 }

@@ -204,6 +204,8 @@ export interface ScoredCandidate {
   /** D: predicted TTFT of prefilling alone, and the decode harm that adds (null: not an option here) */
   localTtftMs?: number | null;
   decodeHarmMs?: number;
+  /** D: what decoding the request here costs over the least loaded D (ms summed over sequences) */
+  decodeLoadMs?: number;
   /** the node was passed over, and why */
   skipped?: "unhealthy" | "draining" | "busy" | "over_bound" | "over_share" | "group";
 }

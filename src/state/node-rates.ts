@@ -15,6 +15,9 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 //   agentic run most of that time did not grow with the tokens (2026-12-02, docs/predicted.md:
 //   D's first byte was a median 300-700 ms whatever the size), and a per-token rate alone made
 //   long prompts' predictions several times too long and short ones' too short.
+// - tokens a request decodes: the mean over every stream of the cluster (one figure, not a node's:
+//   it is the workload's), over a longer half-life (the agentic outputs are heavy-tailed: median
+//   80, mean 445), the prior 256 tokens worth two requests.
 // Each is a ratio of time-decayed sums with the document's `profile` as a prior worth a few
 // requests: a node made twice as slow, or restarted, is learned within a minute of traffic, and an
 // idle node drifts back to its profile. Plain data, the clock passed in.
@@ -22,7 +25,9 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 /** a sample's weight halves every this many ms: a rate 2x off is mostly forgotten after ~4 half-lives */
 export const RATE_HALF_LIFE_MS = 10_000;
 /** the prior's weight, in the unit of each rate's samples: about two 1,000-token prefills, 20 decode steps (the transfer's: two requests, transferLine) */
-const PRIOR_WEIGHT = { prefill: 2_000, decode: 20 } as const;
+const PRIOR_WEIGHT = { prefill: 2_000, decode: 20, output: 2 } as const;
+/** the half-life of the mean tokens a request decodes (ms) */
+const OUTPUT_HALF_LIFE_MS = 60_000;
 
 type Kind = "prefill";
 
@@ -68,9 +73,9 @@ const decayFit = (d: StepFit, now: number): void => {
   d.at = now;
 };
 
-const decayTo = (d: Decayed, now: number): void => {
+const decayTo = (d: Decayed, now: number, halfLife = RATE_HALF_LIFE_MS): void => {
   if (now <= d.at) return;
-  const f = 0.5 ** ((now - d.at) / RATE_HALF_LIFE_MS);
+  const f = 0.5 ** ((now - d.at) / halfLife);
   d.ms *= f;
   d.weight *= f;
   d.at = now;
@@ -129,6 +134,8 @@ export class NodeRateTable {
   readonly #byNode = new Map<string, Record<Kind, Decayed>>();
   readonly #steps = new Map<string, StepFit>();
   readonly #transfers = new Map<string, StepFit>();
+  /** the cluster's streams: tokens decoded (ms) a request (weight) */
+  readonly #output: Decayed = { ms: 0, weight: 0, at: 0 };
 
   /** Learns from one finished request (only the parts it measured). */
   learn(s: LegSample, now: number, profileOf: (node: string) => RateProfile): void {
@@ -138,6 +145,9 @@ export class NodeRateTable {
     if (s.streamEvents !== undefined && s.streamSpanMs !== undefined && s.streamEvents >= 3 && s.streamSpanMs > 0) {
       // the last events ([DONE], a usage frame) follow the last token at once: one gap fewer
       this.#addStep(s.decode, s.streamSpanMs / (s.streamEvents - 2), s.streamEvents - 2, batch, now);
+      decayTo(this.#output, now, OUTPUT_HALF_LIFE_MS);
+      this.#output.ms += s.streamEvents - 2;
+      this.#output.weight += 1;
     }
     const uncached = Math.max(0, s.promptTokens - s.cachedTokens);
     const work = (Math.max(0, s.aheadTokens) + uncached) * prefillContextFactor(s.cachedTokens + uncached / 2);
@@ -170,12 +180,15 @@ export class NodeRateTable {
     const tfit = this.#transfers.get(node);
     if (tfit) decayFit(tfit, now);
     const transfer = transferLine(tfit, prior.transferMsPerToken);
+    const out = this.#output;
+    decayTo(out, now, OUTPUT_HALF_LIFE_MS);
     return {
       prefillMsPerToken: rate("prefill", prior.prefillMsPerToken),
       decodeStepMs: step.at1,
       decodeMsPerSeq: step.perSeq,
       transferMsPerToken: transfer.msPerToken,
       handoffMs: transfer.handoffMs,
+      decodeTokens: (out.ms + prior.decodeTokens! * PRIOR_WEIGHT.output) / (out.weight + PRIOR_WEIGHT.output),
     };
   }
 
@@ -186,6 +199,7 @@ export class NodeRateTable {
   }
 
   clear(): void {
+    Object.assign(this.#output, { ms: 0, weight: 0 });
     this.#byNode.clear();
     this.#steps.clear();
     this.#transfers.clear();

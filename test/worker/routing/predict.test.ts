@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import {
   ATTENTION_CONTEXT_TOKENS,
   DEFAULT_PROFILE,
+  decodeLoadMs,
   hasKvRoom,
   localPrediction,
   type PredictedNode,
@@ -169,6 +170,22 @@ describe("the predicted choice (pure)", () => {
     expect(both.figures.prefill.get("y")!.decodeHarmMs).toBeCloseTo(prefillHarmMs(P("y", y, 8000, 8000).node, { promptTokens: 8000, uncachedTokens: 8000 }));
   });
 
+  it("prices the decode steps a new sequence lengthens: a warm D crowded with sequences loses to a cold one with few, unless nothing says how long requests decode", () => {
+    // 1 ms a further sequence in a step, requests decode 400 tokens: on d0 (30 decoding) this one's
+    // 400 steps take 30 ms more each and it adds 1 ms to each of 30 sequences' steps, 20 s summed
+    // over d1 (5 decoding); d1 lacks the whole prompt: ~105 ms of transfer
+    const q = (decodeTokens: number) => {
+      const r = { ...rates, decodeMsPerSeq: 1, decodeTokens };
+      return { prefills: [P("p0")], decodes: [D("d0", { rates: r, decoding: 30 }, 0, 8000), D("d1", { rates: r, decoding: 5 }, 8000, 8000)], sameGroup: false, kvBusy: 0.9 };
+    };
+    const priced = choosePredicted(q(400))!;
+    expect(priced.choice).toMatchObject({ mode: "disaggregated", decode: "d1" });
+    expect(priced.figures.decode.get("d0")!.decodeLoadMs).toBeCloseTo(400 * (30 + 30 + 30 - (30 + 5 + 5)));
+    expect(priced.figures.decode.get("d1")!.decodeLoadMs).toBeUndefined();
+    // TTFT alone: the warm d0 (no transfer) is the faster, and the policies' pick
+    expect(choosePredicted(q(0))!.choice).toMatchObject({ mode: "disaggregated", decode: "d0" });
+  });
+
   it("`both` nodes that both policies rank first: their own pick is that node alone, kept unless beaten by the margin", () => {
     // cold everywhere, nothing decoding: x alone is ~8% faster than y then x (no transfer), under the margin
     const q = (prefillOrder: string[]) => ({
@@ -183,7 +200,7 @@ describe("the predicted choice (pure)", () => {
   });
 
   it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {
-    const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30) });
+    const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30), rates: fc.constant({ ...rates, decodeMsPerSeq: 0.5 }) });
     fc.assert(
       fc.property(
         fc.array(fc.tuple(fc.constantFrom("a", "b", "c", "d"), arbNode, fc.nat(8000), fc.boolean(), fc.constantFrom("g1", "g2")), { minLength: 1, maxLength: 6 }),
@@ -203,12 +220,13 @@ describe("the predicted choice (pure)", () => {
             expect(c.prefill).not.toBe(c.decode);
             if (sameGroup) expect(prefills.find((p) => p.id === c.prefill)!.group).toBe(decodes.find((d) => d.id === c.decode)!.group);
           } else expect(decodes.find((d) => d.id === c.decode)!.localPrefill).toBe(true);
-          // brute force: no option scores below the choice by more than the margin
+          // brute force: no option scores below the choice by more than the margin (decode load over the least loaded D's)
+          const least = Math.min(...decodes.map((d) => decodeLoadMs(d.node)));
           const scores = decodes.flatMap((d) => [
             ...prefills
               .filter((p) => p.id !== d.id && (!sameGroup || p.group === d.group))
-              .map((p) => remoteTtftMs(p.node, p.size, d.node, d.size) + prefillHarmMs(p.node, p.size)),
-            ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs) : []),
+              .map((p) => remoteTtftMs(p.node, p.size, d.node, d.size) + prefillHarmMs(p.node, p.size) + decodeLoadMs(d.node) - least),
+            ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs + decodeLoadMs(d.node) - least) : []),
           ]);
           const score = c.ttftMs + c.harmMs;
           expect(score * (1 - STICKY_MARGIN)).toBeLessThanOrEqual(Math.min(...scores) + 1e-6);

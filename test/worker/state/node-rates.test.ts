@@ -100,6 +100,22 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(t.view("d9", profile(), 0)).toMatchObject({ decodeStepMs: 30, decodeMsPerSeq: 0 });
   });
 
+  it("tokens a request decodes: the mean of the cluster's streams, the same on every node; the prior before any, and again after an idle while", () => {
+    const t = new NodeRateTable();
+    expect(t.view("d0", profile(), 0).decodeTokens).toBe(256);
+    // streams of 1,000 and 10 tokens (two events more: [DONE] and a usage frame), on two Ds
+    for (let i = 0; i < 50; i++)
+      t.learn(leg(0, 2000, { prefillMs: undefined, decode: i % 2 ? "d1" : "d0", streamEvents: i % 2 ? 1002 : 12, streamSpanMs: 1000 }), i * 100, profile);
+    const learned = t.view("d9", profile(), 5000).decodeTokens!;
+    expect(learned).toBeGreaterThan(450);
+    expect(learned).toBeLessThan(520);
+    expect(t.view("d0", profile(), 5000).decodeTokens).toBeCloseTo(learned);
+    // a non-streamed answer shows no tokens: it teaches nothing
+    t.learn(leg(0, 2000, { prefillMs: undefined }), 5000, profile);
+    expect(t.view("d9", profile(), 5000).decodeTokens).toBeCloseTo(learned);
+    expect(t.view("d9", profile(), 5000 + 20 * 60_000).decodeTokens).toBeCloseTo(256, 0);
+  });
+
   it("rates stay positive (a sequence's step growth and D's hand-off at least 0) and finite whatever the samples (property)", () => {
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
