@@ -179,13 +179,15 @@ export interface LocalPrediction {
 export const prefillHarmMs = (n: PredictedNode, size: RequestSize): number => ownPrefillMs(n.rates, size) * Math.max(0, n.decoding);
 
 /**
- * What decoding this request on D costs the cluster (ms summed over sequences): its own steps, each
- * as long as D's step with it joining, and what it adds to every step of the sequences decoding
- * there (ms a sequence), over the tokens a request decodes. Only the difference between two Ds
- * counts (choosePredicted takes it over the least loaded): without it nothing priced the decode
- * steps a new sequence lengthens, and a warm D's queue of decodes grew unseen.
+ * What decoding this request on D costs the cluster in steps its batch lengthens (ms summed over
+ * sequences): each of its steps is longer by ms a sequence x the sequences decoding there, and it
+ * adds ms a sequence to each of theirs, over the tokens a request decodes. Only the difference
+ * between two Ds counts (choosePredicted takes it over the least loaded): without it nothing priced
+ * the steps a new sequence lengthens, and a warm D's batch grew unseen. The step of one sequence is
+ * left out: it is the pool's alike, and learned per node its noise times hundreds of tokens chose
+ * the D (one-off build, 2026-12-02).
  */
-export const decodeLoadMs = (d: PredictedNode): number => (d.rates.decodeTokens ?? 0) * (stepMsOf(d) + d.rates.decodeMsPerSeq * Math.max(0, d.decoding));
+export const decodeLoadMs = (d: PredictedNode): number => (d.rates.decodeTokens ?? 0) * 2 * d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
 
 /** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
 export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {

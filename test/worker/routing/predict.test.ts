@@ -180,7 +180,7 @@ describe("the predicted choice (pure)", () => {
     };
     const priced = choosePredicted(q(400))!;
     expect(priced.choice).toMatchObject({ mode: "disaggregated", decode: "d1" });
-    expect(priced.figures.decode.get("d0")!.decodeLoadMs).toBeCloseTo(400 * (30 + 30 + 30 - (30 + 5 + 5)));
+    expect(priced.figures.decode.get("d0")!.decodeLoadMs).toBeCloseTo(400 * 2 * (30 - 5));
     expect(priced.figures.decode.get("d1")!.decodeLoadMs).toBeUndefined();
     // TTFT alone: the warm d0 (no transfer) is the faster, and the policies' pick
     expect(choosePredicted(q(0))!.choice).toMatchObject({ mode: "disaggregated", decode: "d0" });
