@@ -52,7 +52,7 @@ export interface PredictedQuestion {
 
 /**
  * An option; `harmMs`: what its prefill adds to the decode steps of the node that runs it (0 on a
- * prefill-only P), plus its D's decode load over the least loaded D's.
+ * prefill-only P), plus its D's decode load over the least loaded D's (when every D is decode-only).
  */
 export type PredictedChoice =
   | { mode: "disaggregated"; prefill: string; decode: string; ttftMs: number; harmMs: number }
@@ -94,8 +94,11 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const figures = { prefill: new Map<string, NodeFigures>(), decode: new Map<string, NodeFigures>() };
   let best: PredictedChoice | null = null;
   let incumbent: PredictedChoice | null = null;
-  // decode load over the least loaded D: a D's harm beside its options' prefill harm
-  const loads = q.decodes.map((d) => decodeLoadMs(d.node));
+  // decode load over the least loaded D: a D's harm beside its options' prefill harm. Among
+  // decode-only Ds alone: a `both` node's decoding sequences are priced by the decode harm of every
+  // prefill it would run, and pricing their load too cost both-8 TTFT for no TPOT (docs/predicted.md)
+  const priced = q.decodes.every((d) => d.node.decodeOnly === true);
+  const loads = q.decodes.map((d) => (priced ? decodeLoadMs(d.node) : 0));
   const least = Math.min(...loads);
 
   for (let j = 0; j < q.decodes.length; j++) {

@@ -174,9 +174,10 @@ describe("the predicted choice (pure)", () => {
     // 1 ms a further sequence in a step, requests decode 400 tokens: on d0 (30 decoding) this one's
     // 400 steps take 30 ms more each and it adds 1 ms to each of 30 sequences' steps, 20 s summed
     // over d1 (5 decoding); d1 lacks the whole prompt: ~105 ms of transfer
-    const q = (decodeTokens: number) => {
+    const q = (decodeTokens: number, decodeOnly = true) => {
       const r = { ...rates, decodeMsPerSeq: 1, decodeTokens };
-      return { prefills: [P("p0")], decodes: [D("d0", { rates: r, decoding: 30 }, 0, 8000), D("d1", { rates: r, decoding: 5 }, 8000, 8000)], sameGroup: false, kvBusy: 0.9 };
+      const decodes = [D("d0", { rates: r, decoding: 30, decodeOnly }, 0, 8000), D("d1", { rates: r, decoding: 5, decodeOnly }, 8000, 8000)];
+      return { prefills: [P("p0")], decodes, sameGroup: false, kvBusy: 0.9 };
     };
     const priced = choosePredicted(q(400))!;
     expect(priced.choice).toMatchObject({ mode: "disaggregated", decode: "d1" });
@@ -184,6 +185,10 @@ describe("the predicted choice (pure)", () => {
     expect(priced.figures.decode.get("d1")!.decodeLoadMs).toBeUndefined();
     // TTFT alone: the warm d0 (no transfer) is the faster, and the policies' pick
     expect(choosePredicted(q(0))!.choice).toMatchObject({ mode: "disaggregated", decode: "d0" });
+    // Ds that are also Ps (`both` nodes): their sequences are priced by the decode harm alone
+    const unpriced = choosePredicted(q(400, false))!;
+    expect(unpriced.choice).toMatchObject({ mode: "disaggregated", decode: "d0" });
+    expect(unpriced.figures.decode.get("d0")!.decodeLoadMs).toBeUndefined();
   });
 
   it("`both` nodes that both policies rank first: their own pick is that node alone, kept unless beaten by the margin", () => {
@@ -200,7 +205,13 @@ describe("the predicted choice (pure)", () => {
   });
 
   it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {
-    const arbNode = fc.record({ prefillTokens: fc.nat(100_000), prefillRequests: fc.nat(10), decoding: fc.nat(30), rates: fc.constant({ ...rates, decodeMsPerSeq: 0.5 }) });
+    const arbNode = fc.record({
+      prefillTokens: fc.nat(100_000),
+      prefillRequests: fc.nat(10),
+      decoding: fc.nat(30),
+      rates: fc.constant({ ...rates, decodeMsPerSeq: 0.5 }),
+      decodeOnly: fc.boolean(),
+    });
     fc.assert(
       fc.property(
         fc.array(fc.tuple(fc.constantFrom("a", "b", "c", "d"), arbNode, fc.nat(8000), fc.boolean(), fc.constantFrom("g1", "g2")), { minLength: 1, maxLength: 6 }),
@@ -221,12 +232,14 @@ describe("the predicted choice (pure)", () => {
             if (sameGroup) expect(prefills.find((p) => p.id === c.prefill)!.group).toBe(decodes.find((d) => d.id === c.decode)!.group);
           } else expect(decodes.find((d) => d.id === c.decode)!.localPrefill).toBe(true);
           // brute force: no option scores below the choice by more than the margin (decode load over the least loaded D's)
-          const least = Math.min(...decodes.map((d) => decodeLoadMs(d.node)));
+          // (priced only when every D is decode-only)
+          const load = (d: DecodeCandidate) => (decodes.every((x) => x.node.decodeOnly) ? decodeLoadMs(d.node) : 0);
+          const least = Math.min(...decodes.map(load));
           const scores = decodes.flatMap((d) => [
             ...prefills
               .filter((p) => p.id !== d.id && (!sameGroup || p.group === d.group))
-              .map((p) => remoteTtftMs(p.node, p.size, d.node, d.size) + prefillHarmMs(p.node, p.size) + decodeLoadMs(d.node) - least),
-            ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs + decodeLoadMs(d.node) - least) : []),
+              .map((p) => remoteTtftMs(p.node, p.size, d.node, d.size) + prefillHarmMs(p.node, p.size) + load(d) - least),
+            ...(d.localPrefill ? [localPrediction(d.node, d.size)].map((l) => l.ttftMs + l.harmMs + load(d) - least) : []),
           ]);
           const score = c.ttftMs + c.harmMs;
           expect(score * (1 - STICKY_MARGIN)).toBeLessThanOrEqual(Math.min(...scores) + 1e-6);
