@@ -1,3 +1,4 @@
+import { runInDurableObject } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
 import {
   chatBody,
@@ -14,6 +15,7 @@ import {
   setMetrics,
   signalsRig,
   snapshot,
+  stub,
   useSignalsRig,
   waitFor,
 } from "./signals-helpers";
@@ -166,6 +168,71 @@ describe("predicted: a both node as P pays the decode harm of the prefill it wou
     const p = byId(route.candidates.prefill);
     expect(p.c0.decodeHarmMs).toBeGreaterThan(0);
     expect(p.p0.decodeHarmMs).toBeUndefined();
+    client.abort();
+    await pending;
+    await waitFor("released", snapshot, (s) => s.leases === 0);
+  });
+});
+
+describe("predicted: a new sequence's decode load on decode-only Ds", () => {
+  it("a D decoding a sequence is priced for the steps a new one lengthens there: /v1/route shows decodeLoadMs on it, and a request the policies put there goes to the idle D", async () => {
+    // P then D only: a local option on d0 would pay the decode harm of its prefill beside the sequence there
+    const nodes = [
+      { id: "p0", role: "prefill" as const },
+      { id: "d0", role: "decode" as const, localPrefill: false },
+      { id: "d1", role: "decode" as const, localPrefill: false },
+    ];
+    await putNodes(nodes, predicted());
+    await poll();
+    // two conversations the policies send to d0 (affinity: fixed keys, found by dry runs)
+    const toD0: Array<(i: number) => object> = [];
+    for (let k = 0; k < 60 && toD0.length < 2; k++) {
+      const candidate = conversation(`load-${k}`);
+      if ((await explain(candidate(1))).decode.id === "d0") toD0.push(candidate);
+    }
+    if (toD0.length < 2) throw new Error("no two conversations went to d0 in 60 tries");
+    // d0 decodes the first and never finishes: a sequence decoding there
+    await engineFault("d0", { mode: "hang", count: 1 });
+    const client = new AbortController();
+    const pending = post("/v1/chat/completions", toD0[0]!(1), { signal: client.signal }).catch((e: unknown) => e);
+    await waitFor("d0 decoding", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
+    // with steps that do not grow with the batch (the profile's flat prior) a sequence costs the others nothing: the policies' pick stays
+    const flat = await explain(toD0[1]!(1));
+    expect(flat.decode.id).toBe("d0");
+    expect(byId(flat.candidates.decode).d0.decodeLoadMs).toBeUndefined();
+    // the Ds' streams showed steps growing by ~10 ms a sequence (taught to the object as finished streams would)
+    const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+    await run(stub() as unknown, (instance) => {
+      for (const decode of ["d0", "d1"])
+        for (const [batch, gapMs] of [
+          [1, 10],
+          [20, 200],
+        ] as const)
+          for (let i = 0; i < 4; i++)
+            instance.rates.learn(
+              {
+                prefiller: "p0",
+                decode,
+                disaggregated: true,
+                aheadTokens: 0,
+                promptTokens: 0,
+                cachedTokens: 0,
+                transferTokens: 0,
+                batch,
+                streamEvents: 102,
+                streamSpanMs: gapMs * 100,
+              },
+              Date.now(),
+              () => ({}),
+            );
+    });
+    const route = await explain(toD0[1]!(1));
+    const d = byId(route.candidates.decode);
+    expect(d.d0.decodeMsPerSeq).toBeGreaterThan(5);
+    // ~100 tokens a request (the streams taught it too) x 2 x ~10 ms x the one sequence decoding on d0
+    expect(d.d0.decodeLoadMs).toBeGreaterThan(1000);
+    expect(d.d1.decodeLoadMs).toBeUndefined();
+    expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", decode: { id: "d1" } });
     client.abort();
     await pending;
     await waitFor("released", snapshot, (s) => s.leases === 0);
