@@ -195,47 +195,51 @@ describe("predicted: a new sequence's decode load on decode-only Ds", () => {
     await engineFault("d0", { mode: "hang", count: 1 });
     const client = new AbortController();
     const pending = post("/v1/chat/completions", toD0[0]!(1), { signal: client.signal }).catch((e: unknown) => e);
-    await waitFor("d0 decoding", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
-    // with steps that do not grow with the batch (the profile's flat prior) a sequence costs the others nothing: the policies' pick stays
-    const flat = await explain(toD0[1]!(1));
-    expect(flat.decode.id).toBe("d0");
-    expect(byId(flat.candidates.decode).d0.decodeLoadMs).toBeUndefined();
-    // the Ds' streams showed steps growing by ~10 ms a sequence (taught to the object as finished streams would)
-    const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
-    await run(stub() as unknown, (instance) => {
-      for (const decode of ["d0", "d1"])
-        for (const [batch, gapMs] of [
-          [1, 10],
-          [20, 200],
-        ] as const)
-          for (let i = 0; i < 4; i++)
-            instance.rates.learn(
-              {
-                prefiller: "p0",
-                decode,
-                disaggregated: true,
-                aheadTokens: 0,
-                promptTokens: 0,
-                cachedTokens: 0,
-                transferTokens: 0,
-                batch,
-                streamEvents: 102,
-                streamSpanMs: gapMs * 100,
-              },
-              Date.now(),
-              () => ({}),
-            );
-    });
-    const route = await explain(toD0[1]!(1));
-    const d = byId(route.candidates.decode);
-    expect(d.d0.decodeMsPerSeq).toBeGreaterThan(5);
-    // ~100 tokens a request (the streams taught it too) x 2 x ~10 ms x the one sequence decoding on d0
-    expect(d.d0.decodeLoadMs).toBeGreaterThan(1000);
-    expect(d.d1.decodeLoadMs).toBeUndefined();
-    expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", decode: { id: "d1" } });
-    client.abort();
-    await pending;
-    await waitFor("released", snapshot, (s) => s.leases === 0);
+    // the hung stream is ended whatever an assertion says: a sequence left on d0 would be the next test's
+    try {
+      await waitFor("d0 decoding", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
+      // with steps that do not grow with the batch (the profile's flat prior) a sequence costs the others nothing: the policies' pick stays
+      const flat = await explain(toD0[1]!(1));
+      expect(flat.decode.id).toBe("d0");
+      expect(byId(flat.candidates.decode).d0.decodeLoadMs).toBeUndefined();
+      // the Ds' streams showed steps growing by ~10 ms a sequence (taught to the object as finished streams would)
+      const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
+      await run(stub() as unknown, (instance) => {
+        for (const decode of ["d0", "d1"])
+          for (const [batch, gapMs] of [
+            [1, 10],
+            [20, 200],
+          ] as const)
+            for (let i = 0; i < 4; i++)
+              instance.rates.learn(
+                {
+                  prefiller: "p0",
+                  decode,
+                  disaggregated: true,
+                  aheadTokens: 0,
+                  promptTokens: 0,
+                  cachedTokens: 0,
+                  transferTokens: 0,
+                  batch,
+                  streamEvents: 102,
+                  streamSpanMs: gapMs * 100,
+                },
+                Date.now(),
+                () => ({}),
+              );
+      });
+      const route = await explain(toD0[1]!(1));
+      const d = byId(route.candidates.decode);
+      expect(d.d0.decodeMsPerSeq).toBeGreaterThan(5);
+      // ~100 tokens a request (the streams taught it too) x 2 x ~10 ms x the one sequence decoding on d0
+      expect(d.d0.decodeLoadMs).toBeGreaterThan(1000);
+      expect(d.d1.decodeLoadMs).toBeUndefined();
+      expect(route).toMatchObject({ mode: "disaggregated", reason: "predicted", decode: { id: "d1" } });
+    } finally {
+      client.abort();
+      await pending;
+      await waitFor("released", snapshot, (s) => s.leases === 0);
+    }
   });
 });
 
