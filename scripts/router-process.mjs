@@ -133,12 +133,15 @@ async function launchWorkerd(o) {
   if (o.inspectorPort !== undefined) args.push('--inspector-port', String(o.inspectorPort));
   const group = spawnGroup(process.execPath, args, o.cwd, o.onOutput);
   const deadline = Date.now() + (o.startTimeoutMs ?? 90000);
-  while (Date.now() < deadline && !group.exited()) {
+  while (Date.now() < deadline) {
+    // the ready line first: a Worker that printed it and died before this look started, and its
+    // caller reports the death as such (untilHealthy), not as "did not start"
     const ready = group.lines.map((l) => /^ready on (\S+)(?: inspector (\d+))?/.exec(l)).find(Boolean);
     if (ready) {
       const inspectorPort = ready[2] === undefined ? undefined : Number(ready[2]);
       return { worker: { url: ready[1], pid: group.pid, inspectorPort, output: group.output, stop: group.stop }, group };
     }
+    if (group.exited()) break;
     await sleep(100);
   }
   throw new Error(`workerd (${o.entry ?? 'router'}) did not start ${await group.failed()}`);
