@@ -68,6 +68,13 @@ export async function generate(state, res, ctx, gen) {
   /** @type {string[][]} */
   const texts = digests.map(() => []);
   let previousAt = NaN;
+  // vLLM `--stream-interval N` (and Dynamo's frontend, 20 by default): the first token goes out at
+  // once, then one event every N tokens, and the last with whatever is left
+  // (vllm/v1/engine/output_processor.py RequestState.make_request_output)
+  const interval = Math.max(1, Math.floor(state.streamInterval ?? 1));
+  /** words of each choice not yet sent */
+  const unsent = digests.map(() => '');
+  let sentTokens = 0;
   for (let i = 0; i < outputTokens; i++) {
     const token = await seq.next();
     if (!token) {
@@ -79,25 +86,31 @@ export async function generate(state, res, ctx, gen) {
     if (i > 0 && gen.recordLatency) sample(state, state.stats.itlMs, token.at - previousAt);
     previousAt = token.at;
     let data = '';
+    const last = i === outputTokens - 1;
+    const send = last || sentTokens === 0 || i + 1 - sentTokens >= interval;
     for (let c = 0; c < choicesN; c++) {
       const word = i === 0 ? digests[c] : ' ' + FILLER[(i + state.completionCounter) % FILLER.length];
       texts[c].push(word);
       state.stats.outputTokens++;
       if (!stream) continue;
-      const last = i === outputTokens - 1;
+      unsent[c] += word;
+      if (!send) continue;
       const finish = last ? 'length' : null;
+      const content = unsent[c];
+      unsent[c] = '';
       const chunk = chat
         ? {
             id: idStr,
             object: 'chat.completion.chunk',
             created,
             model,
-            choices: [{ index: c, delta: i === 0 ? { role: 'assistant', content: word } : { content: word }, logprobs: null, finish_reason: finish }],
+            choices: [{ index: c, delta: sentTokens === 0 ? { role: 'assistant', content } : { content }, logprobs: null, finish_reason: finish }],
           }
-        : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: word, logprobs: null, finish_reason: finish }] };
+        : { id: idStr, object: 'text_completion', created, model, choices: [{ index: c, text: content, logprobs: null, finish_reason: finish }] };
       data += `data: ${JSON.stringify(chunk)}\n\n`;
     }
-    if (stream) {
+    if (stream && send) {
+      sentTokens = i + 1;
       chunksSent++;
       if (ctx.stallAfterChunks !== undefined && chunksSent >= ctx.stallAfterChunks) {
         // silent from here on, connection open, until the client gives up

@@ -37,6 +37,7 @@ export const TUNABLE_OPTIONS = [
   'sglangStreamAbortGraceMs',
   'healthGenerate',
   'rejectDuplicateRequestIds',
+  'streamInterval',
 ];
 /** tunable options that take one of a few strings */
 export const STRING_OPTIONS = /** @type {Record<string, string[]>} */ ({
@@ -96,6 +97,7 @@ export function createState(options) {
     sglangStreamAbortGraceMs = 50,
     healthGenerate = false,
     rejectDuplicateRequestIds = true,
+    streamInterval = 1,
     kind = 'vllm',
     vllmMetrics = 'v1',
     sglangMetricsPrefix = 'sglang:',
@@ -134,6 +136,7 @@ export function createState(options) {
     sglangStreamAbortGraceMs,
     healthGenerate,
     rejectDuplicateRequestIds,
+    streamInterval,
     kind,
     vllmMetrics,
     sglangMetricsPrefix,
@@ -230,6 +233,7 @@ export function setOptions(state, o) {
   if (o.sglangStreamAbortGraceMs !== undefined) state.sglangStreamAbortGraceMs = o.sglangStreamAbortGraceMs;
   if (o.healthGenerate !== undefined) state.healthGenerate = o.healthGenerate;
   if (o.rejectDuplicateRequestIds !== undefined) state.rejectDuplicateRequestIds = o.rejectDuplicateRequestIds;
+  if (o.streamInterval !== undefined) state.streamInterval = o.streamInterval;
   if (o.sglangHandshakeTimeoutMs !== undefined) state.sglangHandshakeTimeoutMs = o.sglangHandshakeTimeoutMs;
   if (o.kind !== undefined) state.kind = o.kind;
   if (o.vllmMetrics !== undefined) state.vllmMetrics = o.vllmMetrics;

@@ -64,6 +64,8 @@
  *   as SGLang's does (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION), default false (vLLM's cheap /health)
  * @property {boolean} [rejectDuplicateRequestIds] a second in-flight vLLM request with the same
  *   x-request-id gets 400 "Request id ... already running.", default true
+ * @property {number} [streamInterval] tokens a stream event carries after the first (vLLM and SGLang
+ *   `--stream-interval`; Dynamo's vLLM frontend sends 20), default 1
  * @property {string} [mooncakeEngineId] the engine id P's Mooncake bootstrap /query reports, default random
  * @property {Registry} [registry] shared with the other engines of a cluster
  */
@@ -90,7 +92,7 @@
  */
 
 /**
- * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'decodeMsPerSeq' | 'ingestMsPerBlock' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds' | 'kind' | 'vllmMetrics' | 'sglangMetricsPrefix' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'preemption' | 'sglangHandshakeTimeoutMs'>} TunableOptions
+ * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'decodeMsPerSeq' | 'ingestMsPerBlock' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds' | 'streamInterval' | 'kind' | 'vllmMetrics' | 'sglangMetricsPrefix' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'preemption' | 'sglangHandshakeTimeoutMs'>} TunableOptions
  */
 
 /**

@@ -172,6 +172,37 @@ describe('vllm decode leg', () => {
 });
 
 describe('colocated and plain OpenAI', () => {
+  it('streams the first token at once, then one event every streamInterval tokens, and the last with the rest (vLLM --stream-interval)', async () => {
+    /** the events of a 10-token stream: each one's text, and the usage frame's count */
+    const events = async () => {
+      const res = await post('c0', '/v1/chat/completions', {
+        model: 'sim-model',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 10,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
+      const data = (await res.text())
+        .split('\n\n')
+        .filter((e) => e.startsWith('data: {'))
+        .map((e) => JSON.parse(e.slice(6)));
+      return {
+        words: data.filter((d) => d.choices.length).map((d) => d.choices[0].delta.content.split(' ').filter(Boolean).length),
+        role: data[0].choices[0].delta.role,
+        usage: data.at(-1).usage.completion_tokens,
+      };
+    };
+    expect(await events()).toEqual({ words: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], role: 'assistant', usage: 10 });
+    const options = (o) => fetch(`${cluster.controlUrl}/engines/c0/options`, { method: 'POST', body: JSON.stringify(o) });
+    await options({ streamInterval: 4 });
+    try {
+      // tokens 1 | 2-5 | 6-9 | 10 (vllm/v1/engine/output_processor.py make_request_output)
+      expect(await events()).toEqual({ words: [1, 4, 4, 1], role: 'assistant', usage: 10 });
+    } finally {
+      await options({ streamInterval: 1 });
+    }
+  });
+
   it('serves chat with content parts and counts tokens from the rendered messages', async () => {
     const res = await post('c0', '/v1/chat/completions', {
       model: 'sim-model',
