@@ -47,3 +47,23 @@ export function usageObserver(onUsage: (usage: AnswerUsage) => void): DataRewrit
     },
   };
 }
+
+/**
+ * Reads a stream's output tokens from its usage frames as they pass (`completion_tokens`, or
+ * `output_tokens` in Responses events; the last one seen wins), before `inner` rewrites the line.
+ * An engine may put several tokens in one event (vLLM and SGLang `--stream-interval`, outputs
+ * merged for a slow reader, Dynamo's frontend 20 by default), so events alone do not count tokens.
+ */
+export function outputTokensObserver(inner: DataRewrite | null, onTokens: (tokens: number) => void): DataRewrite {
+  return {
+    line(value) {
+      if (value.includes('"usage"')) {
+        const n = usageHolder(value)?.usage;
+        const tokens = n?.completion_tokens ?? n?.output_tokens;
+        if (typeof tokens === "number" && Number.isFinite(tokens) && tokens >= 0) onTokens(Math.floor(tokens));
+      }
+      return inner ? inner.line(value) : value;
+    },
+    ...(inner?.required ? { required: true } : {}),
+  };
+}

@@ -34,7 +34,8 @@ export interface NodeStatus {
   /** answers its probes but its /metrics never gave a reading (state/silent-nodes.ts) */
   noSignals?: boolean;
   /** learned rates (SPEC 9): prefill at context 0, decode step of one sequence and ms each further one adds, KV transfer to it (absent in snapshots of older objects) */
-  rates?: { prefillTokensPerS: number; decodeStepMs: number; decodeMsPerSeq: number; transferMsPerGB: number };
+  /** learned rates; tokensPerEvent: the tokens an event of its streams carries (an engine's --stream-interval); decodeTokens: the cluster's mean tokens a request decodes */
+  rates?: { prefillTokensPerS: number; decodeStepMs: number; decodeMsPerSeq: number; transferMsPerGB: number; tokensPerEvent: number; decodeTokens: number };
   /**
    * cache-hit feedback: cached tokens the router predicted and the engine reported (summed), times
    * the node was taken to have lost its cache, and its learned characters per token

@@ -7,7 +7,7 @@ import { rememberResponse, responseIdWatcher } from "../forward/response-id";
 import type { Completeness } from "../forward/sse-reader";
 import { fixUsage, fixUsageInBody, usageRewrite } from "../forward/stream";
 import { streamPace } from "../forward/stream-pace";
-import { jsonAnswerUsage, usageObserver, type AnswerUsage } from "../forward/usage-watch";
+import { jsonAnswerUsage, outputTokensObserver, usageObserver, type AnswerUsage } from "../forward/usage-watch";
 import { background } from "../observability/log";
 import type { LegReport } from "../state/types";
 import type { Ctx } from "./app-env";
@@ -64,14 +64,15 @@ export function answerBody(kind: RequestKind, body: InferenceRequest, { life, co
   }
   // its stream's usage frame, when the client asked for one, is watched (never changed)
   const watch = alone && streamHasUsage(kind, body) ? usageObserver((u) => (seen = u)) : null;
-  // the stream's pace (node-rates.ts learns D's decode step from it)
-  const pace = streamPace();
+  // the stream's pace (node-rates.ts learns D's decode step from it), with its output tokens when a usage frame reports them
+  const pace = Object.assign(streamPace(), { tokens: undefined as number | undefined });
+  const withUsage = streamHasUsage(kind, body);
   const responseId = kind === "responses" ? responseIdWatcher(life) : null;
   const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewrite: fix && (kind === "responses" || streamHasUsage(kind, body)) ? usageRewrite(fix) : watch,
+    rewrite: withUsage ? outputTokensObserver(fix ? usageRewrite(fix) : watch, (n) => (pace.tokens = n)) : watch,
     watch: (bytes) => {
       pace.watch(bytes);
       responseId?.(bytes);
@@ -89,10 +90,10 @@ function decodeLeg(answer: DecodeAnswer, outcome: LegReport["outcome"]): LegRepo
 }
 
 /** Ends the life of a request whose stream ended, with the outcome it ended in. */
-function endStream(life: RequestLife, answer: DecodeAnswer, pace: ReturnType<typeof streamPace>, end: StreamEnd): void {
+function endStream(life: RequestLife, answer: DecodeAnswer, pace: ReturnType<typeof streamPace> & { tokens: number | undefined }, end: StreamEnd): void {
   switch (end.outcome) {
     case "ok":
-      if (pace.events > 0) life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first });
+      if (pace.events > 0) life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first, ...(pace.tokens !== undefined ? { streamTokens: pace.tokens } : {}) });
       life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg(answer, "ok") } });
       return;
     case "failure":

@@ -370,6 +370,7 @@ export class ClusterState extends DurableObject {
         batch: this.#leases.loadOf(lease.decode)?.decode,
         streamEvents: observed?.streamEvents,
         streamSpanMs: observed?.streamSpanMs,
+        streamTokens: observed?.streamTokens,
       },
       now,
       profiles,

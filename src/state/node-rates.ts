@@ -8,8 +8,13 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 //   prefill tokens already running on the node when it was sent, each weighted by attention over
 //   the context (predict.ts prefillContextFactor);
 // - decode: ms a step against the batch (a line: the step of one sequence, plus ms a sequence),
-//   from the gaps between the events of a stream the relay passed and the sequences decoding on
-//   its node when it ended (a decayed least-squares fit, the prior two points on a flat line);
+//   from the gaps between the tokens of a stream the relay passed and the sequences decoding on
+//   its node when it ended (a decayed least-squares fit, the prior two points on a flat line). An
+//   event may carry several tokens (vLLM and SGLang `--stream-interval`: the first token at once,
+//   then one event every N, vllm/v1/engine/output_processor.py make_request_output; Dynamo's
+//   vLLM frontend streams 20 at a time by default; vLLM merges outputs a slow reader has not
+//   taken): a stream whose usage frame counts its tokens is timed by its tokens and teaches its
+//   node's tokens an event, which times the node's streams without one;
 // - transfer: D's first byte less P's answer and D's first step, as a line against the tokens D
 //   lacked (a decayed least-squares fit over requests): ms a token, and a fixed hand-off. In the
 //   agentic run most of that time did not grow with the tokens (2026-12-02, docs/predicted.md:
@@ -26,8 +31,10 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 export const RATE_HALF_LIFE_MS = 10_000;
 /** the prior's weight, in the unit of each rate's samples: about two 1,000-token prefills, 20 decode steps (the transfer's: two requests, transferLine) */
 const PRIOR_WEIGHT = { prefill: 2_000, decode: 20, output: 2 } as const;
-/** the half-life of the mean tokens a request decodes (ms) */
+/** the half-life of the mean tokens a request decodes, and of a node's tokens an event (ms) */
 const OUTPUT_HALF_LIFE_MS = 60_000;
+/** the prior of a node's tokens an event (one) is worth one event's gap: a single stream with a usage frame outweighs it */
+const PRIOR_EVENT_GAPS = 1;
 
 type Kind = "prefill";
 
@@ -60,6 +67,8 @@ export interface LegSample {
   /** a stream's data events and the ms between its first and last */
   streamEvents?: number | undefined;
   streamSpanMs?: number | undefined;
+  /** the stream's output tokens, when its usage frame reported them */
+  streamTokens?: number | undefined;
 }
 
 const decayFit = (d: StepFit, now: number): void => {
@@ -134,6 +143,8 @@ export class NodeRateTable {
   readonly #byNode = new Map<string, Record<Kind, Decayed>>();
   readonly #steps = new Map<string, StepFit>();
   readonly #transfers = new Map<string, StepFit>();
+  /** each node's streams with a usage frame: the gaps between their tokens (ms) and between their events (weight) */
+  readonly #perEvent = new Map<string, Decayed>();
   /** the cluster's streams: tokens decoded (ms) a request (weight) */
   readonly #output: Decayed = { ms: 0, weight: 0, at: 0 };
 
@@ -143,10 +154,18 @@ export class NodeRateTable {
     const batch = Math.max(1, s.batch ?? 1);
     const step = d.decodeStepMs + d.decodeMsPerSeq * (batch - 1);
     if (s.streamEvents !== undefined && s.streamSpanMs !== undefined && s.streamEvents >= 3 && s.streamSpanMs > 0) {
-      // the last events ([DONE], a usage frame) follow the last token at once: one gap fewer
-      this.#addStep(s.decode, s.streamSpanMs / (s.streamEvents - 2), s.streamEvents - 2, batch, now);
+      // the gaps between a stream's tokens: its usage frame's count, else its events times the
+      // node's tokens an event ([DONE] follows the last token at once: an event's gap fewer)
+      let gaps: number;
+      if (s.streamTokens !== undefined && s.streamTokens >= 2) {
+        gaps = s.streamTokens - 1;
+        // its events' gaps: the usage frame is one more event (never below a token an event)
+        const eventGaps = s.streamEvents - 3;
+        if (eventGaps > 0) this.#addTokensPerEvent(s.decode, Math.max(gaps, eventGaps), eventGaps, now);
+      } else gaps = (s.streamEvents - 2) * this.#tokensPerEvent(s.decode, now);
+      this.#addStep(s.decode, s.streamSpanMs / gaps, gaps, batch, now);
       decayTo(this.#output, now, OUTPUT_HALF_LIFE_MS);
-      this.#output.ms += s.streamEvents - 2;
+      this.#output.ms += s.streamTokens ?? gaps + 1;
       this.#output.weight += 1;
     }
     const uncached = Math.max(0, s.promptTokens - s.cachedTokens);
@@ -192,7 +211,30 @@ export class NodeRateTable {
     };
   }
 
+  /** The node's tokens an event, learned from its streams with a usage frame (1 until one showed more). */
+  tokensPerEvent(node: string, now: number): number {
+    return this.#tokensPerEvent(node, now);
+  }
+
+  #tokensPerEvent(node: string, now: number): number {
+    const d = this.#perEvent.get(node);
+    if (d) decayTo(d, now, OUTPUT_HALF_LIFE_MS);
+    return ((d?.ms ?? 0) + PRIOR_EVENT_GAPS) / ((d?.weight ?? 0) + PRIOR_EVENT_GAPS);
+  }
+
+  #addTokensPerEvent(node: string, tokens: number, events: number, now: number): void {
+    let d = this.#perEvent.get(node);
+    if (!d) {
+      d = { ms: 0, weight: 0, at: now };
+      this.#perEvent.set(node, d);
+    }
+    decayTo(d, now, OUTPUT_HALF_LIFE_MS);
+    d.ms += tokens;
+    d.weight += events;
+  }
+
   forget(node: string): void {
+    this.#perEvent.delete(node);
     this.#byNode.delete(node);
     this.#steps.delete(node);
     this.#transfers.delete(node);
@@ -201,6 +243,7 @@ export class NodeRateTable {
   clear(): void {
     Object.assign(this.#output, { ms: 0, weight: 0 });
     this.#byNode.clear();
+    this.#perEvent.clear();
     this.#steps.clear();
     this.#transfers.clear();
   }

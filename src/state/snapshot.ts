@@ -88,15 +88,17 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     usageDetails: m.usageDetails.verdict(n.id),
     noSignals: m.silent.silent(n.id),
     prefix: m.prefixes.status(n.id),
-    rates: ratesStatus(m.rates.view(n.id, profileOf(cluster?.profile, n.profile), now)),
+    rates: ratesStatus(m.rates.view(n.id, profileOf(cluster?.profile, n.profile), now), m.rates.tokensPerEvent(n.id, now)),
   };
 }
 
-const ratesStatus = (r: ReturnType<NodeRateTable["view"]>): NonNullable<NodeStatus["rates"]> => ({
+const ratesStatus = (r: ReturnType<NodeRateTable["view"]>, tokensPerEvent: number): NonNullable<NodeStatus["rates"]> => ({
   prefillTokensPerS: Math.round(1000 / r.prefillMsPerToken),
   decodeStepMs: Math.round(r.decodeStepMs * 10) / 10,
   decodeMsPerSeq: Math.round(r.decodeMsPerSeq * 100) / 100,
   transferMsPerGB: Math.round((r.transferMsPerToken * 1e9) / KV_BYTES_PER_TOKEN),
+  tokensPerEvent: Math.round(tokensPerEvent * 10) / 10,
+  decodeTokens: Math.round(r.decodeTokens ?? 0),
 });
 
 /** One point of per-node figures for the status page's history: in-flight requests, reported KV use and queue, requests routed so far. */

@@ -110,6 +110,8 @@ export interface RequestObservation {
   /** a stream's data events and the ms between the first and the last */
   streamEvents?: number;
   streamSpanMs?: number;
+  /** the stream's output tokens, when a usage frame in it reported them */
+  streamTokens?: number;
 }
 
 export interface FailoverResponse {

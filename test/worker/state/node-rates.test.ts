@@ -116,6 +116,41 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(t.view("d9", profile(), 5000 + 20 * 60_000).decodeTokens).toBeCloseTo(256, 0);
   });
 
+  it("an engine that streams several tokens an event (--stream-interval 8): a stream with a usage frame is timed by its tokens, and teaches its node's tokens an event, which times its streams without one", () => {
+    // 401 tokens 10 ms apart: the first at once, then one event every 8 (vllm output_processor.py)
+    const tokens = 401;
+    const content = 1 + Math.ceil((tokens - 1) / 8);
+    const stream = (usage: boolean, decode = "d0") =>
+      leg(0, 2000, {
+        prefillMs: undefined,
+        decode,
+        // content events, [DONE], and the usage frame when there is one
+        streamEvents: content + 1 + (usage ? 1 : 0),
+        streamSpanMs: (tokens - 1) * 10,
+        ...(usage ? { streamTokens: tokens } : {}),
+      });
+    const t = new NodeRateTable();
+    for (let i = 0; i < 40; i++) t.learn(stream(true), i * 500, profile);
+    expect(t.view("d0", profile(), 20_000).decodeStepMs).toBeCloseTo(10, 0);
+    expect(t.tokensPerEvent("d0", 20_000)).toBeCloseTo(8, 0);
+    expect(t.view("d0", profile(), 20_000).decodeTokens).toBeGreaterThan(380);
+    // then streams without a usage frame: the node's tokens an event count their tokens
+    for (let i = 40; i < 80; i++) t.learn(stream(false), i * 500, profile);
+    expect(t.view("d0", profile(), 40_000).decodeStepMs).toBeCloseTo(10, 0);
+    expect(t.view("d0", profile(), 40_000).decodeTokens).toBeGreaterThan(380);
+    // a node no usage frame ever timed counts a token an event: its step comes out 8x (all it can know)
+    expect(t.tokensPerEvent("d1", 40_000)).toBe(1);
+    const u = new NodeRateTable();
+    for (let i = 0; i < 40; i++) u.learn(stream(false, "d1"), i * 500, profile);
+    expect(u.view("d1", profile(), 20_000).decodeStepMs).toBeGreaterThan(60);
+    // one token an event, with a usage frame: a token an event still (the frame is not a token)
+    const one = new NodeRateTable();
+    for (let i = 0; i < 40; i++)
+      one.learn(leg(0, 2000, { prefillMs: undefined, streamEvents: tokens + 2, streamSpanMs: (tokens - 1) * 10, streamTokens: tokens }), i * 500, profile);
+    expect(one.tokensPerEvent("d0", 20_000)).toBeCloseTo(1, 5);
+    expect(one.view("d0", profile(), 20_000).decodeStepMs).toBeCloseTo(10, 0);
+  });
+
   it("rates stay positive (a sequence's step growth and D's hand-off at least 0) and finite whatever the samples (property)", () => {
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
