@@ -206,16 +206,21 @@ export async function responses({ res, body, model, hooks, ctx }) {
     res.write(data);
     return true;
   };
+  // created and in_progress as soon as the request is in, before any output; the item events with
+  // the first output (responses/serving.py responses_stream_generator, simple_streaming_events.py
+  // `first_delta_sent`)
   const inProgress = base('in_progress', [], null);
   if (!(await send('response.created', { response: inProgress }))) return;
   if (!(await send('response.in_progress', { response: inProgress }))) return;
-  if (!(await send('response.output_item.added', { item: message('', 'in_progress'), output_index: 0 }))) return;
-  if (!(await send('response.content_part.added', { content_index: 0, item_id: itemId, output_index: 0, part: { annotations: [], text: '', type: 'output_text', logprobs: [] } })))
-    return;
   let textOut = '';
   for (let i = 0; i < outputTokens; i++) {
     if (!(await seq.next())) return failed();
     if (ctx.closed || res.destroyed) return;
+    if (i === 0) {
+      if (!(await send('response.output_item.added', { item: message('', 'in_progress'), output_index: 0 }))) return;
+      const part = { annotations: [], text: '', type: 'output_text', logprobs: [] };
+      if (!(await send('response.content_part.added', { content_index: 0, item_id: itemId, output_index: 0, part }))) return;
+    }
     const delta = word(i, wordSeed);
     textOut += delta;
     stats.outputTokens++;
