@@ -220,6 +220,27 @@ export function decodeSource(o: DecodeSourceOptions): DecodeSource {
 
 /** Bytes of D's stream read at most before the status line goes out, when its first event is still undecided. */
 export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
+/**
+ * The same while a Responses preamble is read: `response.created` and `response.in_progress` each
+ * echo the request's instructions and tools (an agent's can be tens of KB); past this the answer
+ * goes out before D's first output, as it did before the preamble was waited for.
+ */
+export const PREAMBLE_MAX_BYTES = 256 * 1024;
+
+/**
+ * The events a vLLM Responses stream sends as soon as the request is accepted, before its engine
+ * has produced anything (vllm/entrypoints/openai/responses/serving.py responses_stream_generator
+ * yields them before it reads the result generator; the item events follow the first output).
+ */
+export const RESPONSES_PREAMBLE: readonly string[] = ["response.created", "response.in_progress"];
+
+/** An SSE event's type: its `event:` line, else its data's `"type"` member (null: a comment, no type). */
+function eventTypeOf(block: string): string | null {
+  const named = /^event:[ ]?(.*)$/m.exec(block);
+  if (named) return named[1]!.trim();
+  const typed = /^data:.*?"type"\s*:\s*"([^"]*)"/m.exec(block);
+  return typed ? typed[1]! : /^data:/m.test(block) ? "" : null;
+}
 
 /**
  * Reads D's stream until its first event is known not to be an error: the status line waits for
@@ -228,11 +249,27 @@ export const FIRST_EVENT_MAX_BYTES = 64 * 1024;
  * reached nobody and fails over like a refused request (Leg.errorEventFailure). Each read after
  * the first byte is bounded by `idleMs`; after FIRST_EVENT_MAX_BYTES of comments the answer goes
  * out anyway. Returns the bytes read, which the DecodeSource relays first.
+ * Events of `preamble` types (a Responses stream's: RESPONSES_PREAMBLE) do not count as the first:
+ * they come before D has pulled any KV or produced a token, so the status line, the failover
+ * window and the time to first token all wait for the event after them.
  */
-export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): Promise<Uint8Array> {
+export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number, preamble: readonly string[] = []): Promise<Uint8Array> {
   const sse = sseReader({ kind: "done" });
   const parts: Uint8Array[] = [];
   let bytes = 0;
+  // the preamble: passed once a whole event of another type was read
+  let past = preamble.length === 0;
+  let text = "";
+  const decoder = new TextDecoder();
+  const pastPreamble = (): boolean => {
+    const blocks = text.replace(/\r\n?/g, "\n").split("\n\n");
+    // the last block is unfinished (empty when the text ends an event)
+    for (const block of blocks.slice(0, -1)) {
+      const type = eventTypeOf(block);
+      if (type !== null && !preamble.includes(type)) return true;
+    }
+    return false;
+  };
   for (;;) {
     let read: ReadableStreamReadResult<Uint8Array>;
     try {
@@ -254,7 +291,11 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     bytes += read.value.byteLength;
     const g = sse.feed(read.value);
     if (g.error) throw leg.errorEventFailure(g.error);
-    if (sse.settled || bytes >= FIRST_EVENT_MAX_BYTES) break;
+    if (!past) {
+      text += decoder.decode(read.value, { stream: true });
+      past = pastPreamble();
+    }
+    if ((sse.settled && past) || bytes >= (past ? FIRST_EVENT_MAX_BYTES : PREAMBLE_MAX_BYTES)) break;
   }
   leg.clearDeadline();
   return joinBytes(parts);

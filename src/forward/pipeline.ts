@@ -1,5 +1,5 @@
 import type { Role } from "../routing/types";
-import { readFirstEvent } from "./decode-source";
+import { readFirstEvent, RESPONSES_PREAMBLE } from "./decode-source";
 import type { RequestLife } from "./lifecycle";
 import { withPriority } from "./priority";
 import type { PrefillUsage } from "./stream";
@@ -137,7 +137,7 @@ export async function decodeAttempt(
     if (!type.includes("text/event-stream") || !leg.response.body) throw leg.protocolFailure(`answered a stream request with '${type || "no body"}'`);
     const reader = leg.bodyReader();
     // the first byte, and the first event unless it is D's error (decode-source.ts)
-    const first = await readFirstEvent(leg, reader, ctx.timeouts.decodeIdleMs);
+    const first = await readFirstEvent(leg, reader, ctx.timeouts.decodeIdleMs, ctx.path === "/v1/responses" ? RESPONSES_PREAMBLE : undefined);
     return { leg, ms: Date.now() - leg.started, body: { kind: "stream", reader, first } };
   } catch (err) {
     leg.abort("attempt failed");

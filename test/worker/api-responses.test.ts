@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { expectNoLoad, post, putCluster, received, resetClusterState, resetSim, D3, P3 } from "./helpers";
+import { control, expectNoLoad, fault, post, putCluster, received, resetClusterState, resetSim, D3, P3 } from "./helpers";
 
 // POST /v1/responses (issue 13 item 1) through the real Worker: disaggregated like chat under
 // vllm (P gets max_output_tokens 1 and a handle request, D the client's body plus P's handle),
@@ -166,6 +166,63 @@ describe("POST /v1/responses under vllm: P then D with kv_transfer_params", () =
     expect(completed.event).toBe("response.completed");
     expect(completed.data.response.usage.input_tokens_details.cached_tokens).toBeGreaterThan(0);
     expect(completed.data.response.usage.input_tokens_details.cached_tokens).toBeLessThan(completed.data.response.usage.input_tokens);
+    await expectNoLoad();
+  });
+});
+
+describe("POST /v1/responses: D's first event is its first output, not response.created", () => {
+  // vLLM sends response.created and response.in_progress as soon as it takes the request, before
+  // its engine has pulled any KV or produced a token (responses/serving.py
+  // responses_stream_generator); the status line, the failover window and the time to first token
+  // wait for the event after them, as they wait for a chat stream's first token
+  beforeEach(resetSim);
+
+  it("a D that breaks after response.created and response.in_progress fails over to the other D: the client gets one whole answer, no error", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "d0", role: "decode" },
+        { id: "d1", role: "decode" },
+      ],
+    });
+    // d0's streams break after two events: a node whose KV pull failed and whose process died
+    await fault("d0", { mode: "midstream", afterChunks: 2 });
+    // round-robin: one of each pair tries d0 first; the second pair with an agent's instructions
+    // (40 KB, echoed by response.created and response.in_progress: a preamble past 64 KiB)
+    const agent = `Agent instructions ${RUN}. `.repeat(1600);
+    for (const i of [1, 2, 3, 4]) {
+      const res = await post("/v1/responses", responsesBody(`first output ${RUN} ${i}`, { stream: true, ...(i > 2 ? { instructions: agent } : {}) }));
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-pd-decode")).toBe("d1");
+      const events = sseEvents(await res.text());
+      expect(events.map((e) => e.event)).toEqual(EVENT_ORDER);
+      expect(events.filter((e) => e.event === "response.created")).toHaveLength(1);
+    }
+    // d0 was tried with both kinds of request
+    const tried = (await received("d0")).filter((r) => r.path === "/v1/responses");
+    expect(tried.filter((r) => r.body.includes("Agent instructions")).length).toBeGreaterThan(0);
+    expect(tried.filter((r) => !r.body.includes("Agent instructions")).length).toBeGreaterThan(0);
+    await expectNoLoad();
+  });
+
+  it("D's time to first byte is its first output's: a D whose first token takes 0.5 s shows it in server-timing", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
+    // the `slow` engine (real time; no other test of this file uses it) made to step in 0.5 s
+    await control("/engines/slow/options", { decodeBaseMs: 500 });
+    const res = await post("/v1/responses", responsesBody(`first output timing ${RUN}`, { stream: true, max_output_tokens: 2 }));
+    expect(res.status).toBe(200);
+    const ttfb = Number(/decode-ttfb;dur=(\d+)/.exec(res.headers.get("server-timing") ?? "")?.[1]);
+    expect(ttfb).toBeGreaterThanOrEqual(400);
+    expect(sseEvents(await res.text()).at(-1)!.event).toBe("response.completed");
     await expectNoLoad();
   });
 });
