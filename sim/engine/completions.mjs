@@ -97,7 +97,9 @@ export async function handleCompletion(state, req, res, path) {
   ctx.promptText = typeof prompt === 'string' ? prompt : undefined;
   ctx.model = typeof body.model === 'string' ? body.model : models[0];
   ctx.stream = body.stream === true;
-  ctx.includeUsage = ctx.stream && body.stream_options?.include_usage === true;
+  // vLLM and SGLang `--enable-force-include-usage`: a usage frame whatever the client asked
+  // (vLLM serving_chat.py / serving_completion.py should_include_usage)
+  ctx.includeUsage = ctx.stream && (body.stream_options?.include_usage === true || state.forceIncludeUsage === true);
   ctx.samples = positiveInt(body.n) ?? 1;
   const maxTokens = positiveInt(body.max_completion_tokens) ?? positiveInt(body.max_tokens) ?? 16;
   const { units, unitsPerBlock, tokens } =

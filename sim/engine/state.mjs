@@ -38,6 +38,7 @@ export const TUNABLE_OPTIONS = [
   'healthGenerate',
   'rejectDuplicateRequestIds',
   'streamInterval',
+  'forceIncludeUsage',
 ];
 /** tunable options that take one of a few strings */
 export const STRING_OPTIONS = /** @type {Record<string, string[]>} */ ({
@@ -98,6 +99,7 @@ export function createState(options) {
     healthGenerate = false,
     rejectDuplicateRequestIds = true,
     streamInterval = 1,
+    forceIncludeUsage = false,
     kind = 'vllm',
     vllmMetrics = 'v1',
     sglangMetricsPrefix = 'sglang:',
@@ -137,6 +139,7 @@ export function createState(options) {
     healthGenerate,
     rejectDuplicateRequestIds,
     streamInterval,
+    forceIncludeUsage,
     kind,
     vllmMetrics,
     sglangMetricsPrefix,
@@ -234,6 +237,7 @@ export function setOptions(state, o) {
   if (o.healthGenerate !== undefined) state.healthGenerate = o.healthGenerate;
   if (o.rejectDuplicateRequestIds !== undefined) state.rejectDuplicateRequestIds = o.rejectDuplicateRequestIds;
   if (o.streamInterval !== undefined) state.streamInterval = o.streamInterval;
+  if (o.forceIncludeUsage !== undefined) state.forceIncludeUsage = o.forceIncludeUsage;
   if (o.sglangHandshakeTimeoutMs !== undefined) state.sglangHandshakeTimeoutMs = o.sglangHandshakeTimeoutMs;
   if (o.kind !== undefined) state.kind = o.kind;
   if (o.vllmMetrics !== undefined) state.vllmMetrics = o.vllmMetrics;

@@ -66,6 +66,8 @@
  *   x-request-id gets 400 "Request id ... already running.", default true
  * @property {number} [streamInterval] tokens a stream event carries after the first (vLLM and SGLang
  *   `--stream-interval`; Dynamo's vLLM frontend sends 20), default 1
+ * @property {boolean} [forceIncludeUsage] a stream's usage frame even when the client did not ask
+ *   (vLLM and SGLang `--enable-force-include-usage`), default false
  * @property {string} [mooncakeEngineId] the engine id P's Mooncake bootstrap /query reports, default random
  * @property {Registry} [registry] shared with the other engines of a cluster
  */
@@ -92,7 +94,7 @@
  */
 
 /**
- * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'decodeMsPerSeq' | 'ingestMsPerBlock' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds' | 'streamInterval' | 'kind' | 'vllmMetrics' | 'sglangMetricsPrefix' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'preemption' | 'sglangHandshakeTimeoutMs'>} TunableOptions
+ * @typedef {Pick<EngineOptions, 'timeScale' | 'prefillMsPerToken' | 'transferMsPerBlock' | 'decodeBaseMs' | 'decodeMsPerSeq' | 'ingestMsPerBlock' | 'kvHoldTimeoutMs' | 'rejectionReleasesHandle' | 'promptTokensDetails' | 'sglangAbortGraceMs' | 'sglangStreamAbortGraceMs' | 'healthGenerate' | 'rejectDuplicateRequestIds' | 'streamInterval' | 'forceIncludeUsage' | 'kind' | 'vllmMetrics' | 'sglangMetricsPrefix' | 'maxNumSeqs' | 'maxNumBatchedTokens' | 'preemption' | 'sglangHandshakeTimeoutMs'>} TunableOptions
  */
 
 /**
