@@ -11,7 +11,7 @@ import { jsonAnswerUsage, outputTokensObserver, usageObserver, type AnswerUsage 
 import { background } from "../observability/log";
 import type { LegReport } from "../state/types";
 import type { Ctx } from "./app-env";
-import type { InferenceRequest, RequestKind } from "./request-schema";
+import type { RequestKind } from "./request-schema";
 import type { Routed } from "./routed-request";
 
 // The last step of a routed request: D's answer becomes the client's response, and the request's
@@ -27,9 +27,9 @@ const RESPONSES_COMPLETE: Completeness = { kind: "events", types: ["response.com
 const DONE_COMPLETE: Completeness = { kind: "done" };
 
 /** One routed request's response: D's JSON, or D's stream relayed at the client's pace. */
-export function singleResponse(c: Ctx, kind: RequestKind, body: InferenceRequest, requestId: string, routed: Routed): Response {
+export function singleResponse(c: Ctx, kind: RequestKind, requestId: string, routed: Routed): Response {
   const headers = answerHeaders(requestId, [routed]);
-  const out = answerBody(kind, body, routed);
+  const out = answerBody(kind, routed);
   if ("json" in out) {
     headers.set("content-type", "application/json");
     return new Response(out.json, { status: 200, headers });
@@ -47,7 +47,7 @@ export function streamHasUsage(kind: RequestKind, parsed: Record<string, unknown
 }
 
 /** D's answer as the client's body: a whole JSON text, or D's stream as a source to relay. Ends the life when the body ends. */
-export function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
+export function answerBody(kind: RequestKind, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
   // a node that prefilled alone (colocated, a local prefill, a pinned turn) reports its own usage
   // (one-hop answers and prompts of unknown size teach nothing: no prediction, no rate to learn)
@@ -62,17 +62,19 @@ export function answerBody(kind: RequestKind, body: InferenceRequest, { life, co
     life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg(answer, "ok") } });
     return { json: text };
   }
-  // its stream's usage frame, when the client asked for one, is watched (never changed)
-  const watch = alone && streamHasUsage(kind, body) ? usageObserver((u) => (seen = u)) : null;
+  // every usage frame the stream carries — the client asked for it, or the engine runs with
+  // --enable-force-include-usage (vLLM, SGLang) and sends one anyway — is fixed with P's counts
+  // (else the client sees D's, which counts the KV it pulled as cached), counted (its output
+  // tokens time D's decode step) and, from a node that prefilled alone, watched (never changed)
+  const watch = alone ? usageObserver((u) => (seen = u)) : null;
   // the stream's pace (node-rates.ts learns D's decode step from it), with its output tokens when a usage frame reports them
   const pace = Object.assign(streamPace(), { tokens: undefined as number | undefined });
-  const withUsage = streamHasUsage(kind, body);
   const responseId = kind === "responses" ? responseIdWatcher(life) : null;
   const source = decodeSource({
     leg: answer.leg,
     reader: answer.body.reader,
     first: answer.body.first,
-    rewrite: withUsage ? outputTokensObserver(fix ? usageRewrite(fix) : watch, (n) => (pace.tokens = n)) : watch,
+    rewrite: outputTokensObserver(fix ? usageRewrite(fix) : watch, (n) => (pace.tokens = n)),
     watch: (bytes) => {
       pace.watch(bytes);
       responseId?.(bytes);

@@ -291,6 +291,24 @@ describe("usage as the client sees it: P's prompt counts, 0 cached on a cold req
     await expectNoLoad();
   });
 
+  it("a D run with --enable-force-include-usage sends a usage frame the client did not ask for: it too carries P's counts, not D's", async () => {
+    await vllm([P("p0"), D("d2")]);
+    // d2 serves only this test in this file: its option stays with it
+    await control("/engines/d2/options", { forceIncludeUsage: true });
+    const body = chat(longPrompt("forced usage", 3000), { max_tokens: 5, stream: true });
+    const res = await post("/v1/chat/completions", body);
+    expect(res.status).toBe(200);
+    const events = sseEvents(await res.text());
+    const withUsage = events.filter((e) => e !== "[DONE]" && e.usage);
+    expect(withUsage.length).toBe(1);
+    const p = await prefillRecord();
+    expect(withUsage[0].usage.prompt_tokens).toBe(p.promptTokens);
+    // D counted the KV it pulled as cached: the client would see a cold prompt as cached
+    expect(withUsage[0].usage.prompt_tokens_details?.cached_tokens ?? 0).toBe(0);
+    expect(withUsage[0].usage.completion_tokens).toBe(5);
+    await expectNoLoad();
+  });
+
   it("a warm request reports P's cached tokens, not D's", async () => {
     await vllm([P("p0"), D("d0")]);
     const long = longPrompt("warm usage", 3000);
