@@ -33,6 +33,8 @@ export const RATE_HALF_LIFE_MS = 10_000;
 const PRIOR_WEIGHT = { prefill: 2_000, decode: 20, output: 2 } as const;
 /** the half-life of the mean tokens a request decodes, and of a node's tokens an event (ms) */
 const OUTPUT_HALF_LIFE_MS = 60_000;
+/** the most tokens an event is believed to carry (a stream interval of 20 is Dynamo's default; a slow reader's merged outputs carry more) */
+const MAX_TOKENS_AN_EVENT = 1024;
 /** the prior of a node's tokens an event (one) is worth one event's gap: a single stream with a usage frame outweighs it */
 const PRIOR_EVENT_GAPS = 1;
 
@@ -157,7 +159,8 @@ export class NodeRateTable {
       // the gaps between a stream's tokens: its usage frame's count, else its events times the
       // node's tokens an event ([DONE] follows the last token at once: an event's gap fewer)
       let gaps: number;
-      if (s.streamTokens !== undefined && s.streamTokens >= 2) {
+      // a count no engine's events could carry (over MAX_TOKENS_AN_EVENT each) is not believed
+      if (s.streamTokens !== undefined && s.streamTokens >= 2 && s.streamTokens <= s.streamEvents * MAX_TOKENS_AN_EVENT) {
         gaps = s.streamTokens - 1;
         // its events' gaps: the usage frame is one more event (never below a token an event)
         const eventGaps = s.streamEvents - 3;
@@ -165,7 +168,7 @@ export class NodeRateTable {
       } else gaps = (s.streamEvents - 2) * this.#tokensPerEvent(s.decode, now);
       this.#addStep(s.decode, s.streamSpanMs / gaps, gaps, batch, now);
       decayTo(this.#output, now, OUTPUT_HALF_LIFE_MS);
-      this.#output.ms += s.streamTokens ?? gaps + 1;
+      this.#output.ms += gaps + 1;
       this.#output.weight += 1;
     }
     const uncached = Math.max(0, s.promptTokens - s.cachedTokens);

@@ -149,6 +149,12 @@ describe("learned rates: the prior first, then what the legs show", () => {
       one.learn(leg(0, 2000, { prefillMs: undefined, streamEvents: tokens + 2, streamSpanMs: (tokens - 1) * 10, streamTokens: tokens }), i * 500, profile);
     expect(one.tokensPerEvent("d0", 20_000)).toBeCloseTo(1, 5);
     expect(one.view("d0", profile(), 20_000).decodeStepMs).toBeCloseTo(10, 0);
+    // a usage frame no engine's events could carry (a broken count) is not believed: counted by events
+    const odd = new NodeRateTable();
+    for (let i = 0; i < 40; i++) odd.learn(leg(0, 2000, { prefillMs: undefined, streamEvents: tokens + 1, streamSpanMs: (tokens - 1) * 10, streamTokens: 1e12 }), i * 500, profile);
+    expect(odd.tokensPerEvent("d0", 20_000)).toBe(1);
+    expect(odd.view("d0", profile(), 20_000).decodeStepMs).toBeCloseTo(10, 0);
+    expect(odd.view("d0", profile(), 20_000).decodeTokens).toBeLessThan(1000);
   });
 
   it("rates stay positive (a sequence's step growth and D's hand-off at least 0) and finite whatever the samples (property)", () => {
