@@ -11,7 +11,7 @@ import { jsonAnswerUsage, outputTokensObserver, usageObserver, type AnswerUsage 
 import { background } from "../observability/log";
 import type { LegReport } from "../state/types";
 import type { Ctx } from "./app-env";
-import type { RequestKind } from "./request-schema";
+import type { InferenceRequest, RequestKind } from "./request-schema";
 import type { Routed } from "./routed-request";
 
 // The last step of a routed request: D's answer becomes the client's response, and the request's
@@ -27,9 +27,9 @@ const RESPONSES_COMPLETE: Completeness = { kind: "events", types: ["response.com
 const DONE_COMPLETE: Completeness = { kind: "done" };
 
 /** One routed request's response: D's JSON, or D's stream relayed at the client's pace. */
-export function singleResponse(c: Ctx, kind: RequestKind, requestId: string, routed: Routed): Response {
+export function singleResponse(c: Ctx, kind: RequestKind, body: InferenceRequest, requestId: string, routed: Routed): Response {
   const headers = answerHeaders(requestId, [routed]);
-  const out = answerBody(kind, routed);
+  const out = answerBody(kind, body, routed);
   if ("json" in out) {
     headers.set("content-type", "application/json");
     return new Response(out.json, { status: 200, headers });
@@ -47,7 +47,7 @@ export function streamHasUsage(kind: RequestKind, parsed: Record<string, unknown
 }
 
 /** D's answer as the client's body: a whole JSON text, or D's stream as a source to relay. Ends the life when the body ends. */
-export function answerBody(kind: RequestKind, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
+export function answerBody(kind: RequestKind, body: InferenceRequest, { life, config, answer }: Routed): { json: string } | { source: DecodeSource } {
   const fix = answer.prefillUsage ? fixUsage(answer.prefillUsage) : null;
   // a node that prefilled alone (colocated, a local prefill, a pinned turn) reports its own usage
   // (one-hop answers and prompts of unknown size teach nothing: no prediction, no rate to learn)
@@ -82,7 +82,8 @@ export function answerBody(kind: RequestKind, { life, config, answer }: Routed):
     idleMs: config.timeouts.decodeIdleMs,
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),
-    onEnd: (end) => endStream(life, answer, pace, end),
+    // a stream of n > 1 choices interleaves n sequences' tokens: its pace is no step of D's
+    onEnd: (end) => endStream(life, answer, typeof body.n === "number" && body.n > 1 ? null : pace, end),
   });
   return { source };
 }
@@ -92,10 +93,11 @@ function decodeLeg(answer: DecodeAnswer, outcome: LegReport["outcome"]): LegRepo
 }
 
 /** Ends the life of a request whose stream ended, with the outcome it ended in. */
-function endStream(life: RequestLife, answer: DecodeAnswer, pace: ReturnType<typeof streamPace> & { tokens: number | undefined }, end: StreamEnd): void {
+function endStream(life: RequestLife, answer: DecodeAnswer, pace: (ReturnType<typeof streamPace> & { tokens: number | undefined }) | null, end: StreamEnd): void {
   switch (end.outcome) {
     case "ok":
-      if (pace.events > 0) life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first, ...(pace.tokens !== undefined ? { streamTokens: pace.tokens } : {}) });
+      if (pace && pace.events > 0)
+        life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first, ...(pace.tokens !== undefined ? { streamTokens: pace.tokens } : {}) });
       life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg(answer, "ok") } });
       return;
     case "failure":

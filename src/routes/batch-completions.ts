@@ -60,7 +60,7 @@ export async function forwardBatch(c: Ctx, path: string, raw: string, body: Infe
   }
   const routed = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const headers = answerHeaders(requestId, routed);
-  const bodies = routed.map((r) => answerBody("completion", r));
+  const bodies = routed.map((r) => answerBody("completion", body, r));
   const jsons = bodies.flatMap((b) => ("json" in b ? [b.json] : []));
   if (jsons.length === bodies.length) {
     headers.set("content-type", "application/json");

@@ -27,7 +27,7 @@ export async function forwardInference(c: Ctx, kind: RequestKind, path: string):
     await chargeRateLimit(c.env, c.get("rateLimitKey"), prompts.length - 1);
     return forwardBatch(c, path, raw, body, prompts, requestId);
   }
-  return singleResponse(c, kind, requestId, await route(c, { kind, path, raw, body, requestId }));
+  return singleResponse(c, kind, body, requestId, await route(c, { kind, path, raw, body, requestId }));
 }
 
 /**
@@ -48,7 +48,7 @@ export async function forwardOneHop(c: Ctx, path: string, modelRequired: boolean
     throw badRequest(`'stream' is not supported on ${path}.`, "stream", "unsupported_parameter");
   }
   const routed = await route(c, { kind: "completion", path, raw, body, requestId, oneHop: true });
-  return singleResponse(c, "completion", requestId, routed);
+  return singleResponse(c, "completion", body, requestId, routed);
 }
 
 /** POST /generate (protocol sglang): SGLang's native API, disaggregated like the OpenAI routes. */
@@ -62,7 +62,7 @@ export async function forwardGenerate(c: Ctx): Promise<Response> {
   // boolean says the same thing to the router and to the engine
   if (body.stream !== undefined && typeof body.stream !== "boolean") throw badRequest("Invalid value for 'stream': must be a boolean.", "stream", "invalid_type");
   const routed = await route(c, { kind: "completion", path: "/generate", raw, body, requestId });
-  return singleResponse(c, "completion", requestId, routed);
+  return singleResponse(c, "completion", body, requestId, routed);
 }
 
 /** A JSON object body whose `model`, when present (or required), is a non-empty string. */

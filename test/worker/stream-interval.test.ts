@@ -101,3 +101,31 @@ describe("the decode step of an engine that streams several tokens an event", ()
     expect(without.d0 / without.d1).toBeLessThan(1.5);
   });
 });
+
+describe("a stream of several choices", () => {
+  it("teaches no decode step: its events interleave n sequences' tokens (a step learned from them would be 1/n of D's)", async () => {
+    await resetState();
+    for (const id of ["p0", "d1"]) await setMetrics(id, kv(0.1));
+    await putNodes(
+      [
+        { id: "p0", role: "prefill" },
+        { id: "d1", role: "decode" },
+      ],
+      // a prior far from d1's ~10 ms step: anything learned moves it
+      { profile: { decodeStepMs: 1000 } },
+    );
+    await poll();
+    const send = async (extra: Record<string, unknown>) => {
+      const res = await post("/v1/chat/completions", { model: "sim-model", messages: [{ role: "user", content: "choices" }], max_tokens: 20, stream: true, ...extra });
+      expect(res.status).toBe(200);
+      expect(await res.text()).toContain("data: [DONE]");
+    };
+    for (let i = 0; i < 3; i++) await send({ n: 3, stream_options: { include_usage: true } });
+    await settled();
+    expect((await rates("d1")).decodeStepMs).toBe(1000);
+    // one choice: learned
+    await send({});
+    await settled();
+    expect((await rates("d1")).decodeStepMs).toBeLessThan(1000);
+  });
+});
