@@ -285,8 +285,9 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
       break;
     }
     if (!read.value.byteLength) continue;
-    // the first byte is in: D's silences are bounded by decodeIdleMs from here
-    leg.deadline(idleMs, `sent nothing for ${idleMs} ms inside its first event`);
+    // the first byte is in: D's silences are bounded by decodeIdleMs from here (while a preamble
+    // is read, D's first output is still due within the first byte's time, decodeFirstByteMs)
+    if (past) leg.deadline(idleMs, `sent nothing for ${idleMs} ms inside its first event`);
     parts.push(read.value);
     bytes += read.value.byteLength;
     const g = sse.feed(read.value);

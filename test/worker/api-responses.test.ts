@@ -207,6 +207,23 @@ describe("POST /v1/responses: D's first event is its first output, not response.
     await expectNoLoad();
   });
 
+  it("D's first output is due within decodeFirstByteMs, as a chat stream's first token is: a 0.5 s first token against 300 ms is a 504", async () => {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      timeouts: { decodeFirstByteMs: 300 },
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
+    await control("/engines/slow/options", { decodeBaseMs: 500 });
+    const res = await post("/v1/responses", responsesBody(`first output due ${RUN}`, { stream: true, max_output_tokens: 2 }));
+    expect(res.status).toBe(504);
+    expect(((await res.json()) as any).error.code).toBe("upstream_timeout");
+    await expectNoLoad();
+  });
+
   it("D's time to first byte is its first output's: a D whose first token takes 0.5 s shows it in server-timing", async () => {
     await putCluster({
       protocol: "vllm",
