@@ -83,7 +83,7 @@ export function answerBody(kind: RequestKind, body: InferenceRequest, { life, co
     completeness: kind === "responses" ? RESPONSES_COMPLETE : DONE_COMPLETE,
     ...(answer.partnerFailure ? { partnerFailure: answer.partnerFailure } : {}),
     // a stream of n > 1 choices interleaves n sequences' tokens: its pace is no step of D's
-    onEnd: (end) => endStream(life, answer, typeof body.n === "number" && body.n > 1 ? null : pace, end),
+    onEnd: (end) => endStream(life, answer, typeof body.n === "number" && body.n > 1 ? null : pace, end, kind === "responses"),
   });
   return { source };
 }
@@ -93,11 +93,22 @@ function decodeLeg(answer: DecodeAnswer, outcome: LegReport["outcome"]): LegRepo
 }
 
 /** Ends the life of a request whose stream ended, with the outcome it ended in. */
-function endStream(life: RequestLife, answer: DecodeAnswer, pace: (ReturnType<typeof streamPace> & { tokens: number | undefined }) | null, end: StreamEnd): void {
+function endStream(
+  life: RequestLife,
+  answer: DecodeAnswer,
+  pace: (ReturnType<typeof streamPace> & { tokens: number | undefined }) | null,
+  end: StreamEnd,
+  responses: boolean,
+): void {
   switch (end.outcome) {
     case "ok":
       if (pace && pace.events > 0)
-        life.observe({ streamEvents: pace.events, streamSpanMs: pace.last - pace.first, ...(pace.tokens !== undefined ? { streamTokens: pace.tokens } : {}) });
+        life.observe({
+          streamEvents: pace.events,
+          streamSpanMs: pace.last - pace.first,
+          ...(pace.tokens !== undefined ? { streamTokens: pace.tokens } : {}),
+          ...(responses ? { streamEventsNotTokens: true } : {}),
+        });
       life.end({ status: 200, outcome: "ok", legs: { decode: decodeLeg(answer, "ok") } });
       return;
     case "failure":

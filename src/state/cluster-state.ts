@@ -371,6 +371,7 @@ export class ClusterState extends DurableObject {
         streamEvents: observed?.streamEvents,
         streamSpanMs: observed?.streamSpanMs,
         streamTokens: observed?.streamTokens,
+        streamEventsNotTokens: observed?.streamEventsNotTokens,
       },
       now,
       profiles,

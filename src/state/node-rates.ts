@@ -71,6 +71,8 @@ export interface LegSample {
   streamSpanMs?: number | undefined;
   /** the stream's output tokens, when its usage frame reported them */
   streamTokens?: number | undefined;
+  /** its events are not its tokens' (a Responses stream's item and part events): it teaches no tokens an event */
+  streamEventsNotTokens?: boolean | undefined;
 }
 
 const decayFit = (d: StepFit, now: number): void => {
@@ -164,7 +166,7 @@ export class NodeRateTable {
         gaps = s.streamTokens - 1;
         // its events' gaps: the usage frame is one more event (never below a token an event)
         const eventGaps = s.streamEvents - 3;
-        if (eventGaps > 0) this.#addTokensPerEvent(s.decode, Math.max(gaps, eventGaps), eventGaps, now);
+        if (eventGaps > 0 && !s.streamEventsNotTokens) this.#addTokensPerEvent(s.decode, Math.max(gaps, eventGaps), eventGaps, now);
       } else gaps = (s.streamEvents - 2) * this.#tokensPerEvent(s.decode, now);
       this.#addStep(s.decode, s.streamSpanMs / gaps, gaps, batch, now);
       decayTo(this.#output, now, OUTPUT_HALF_LIFE_MS);

@@ -112,6 +112,8 @@ export interface RequestObservation {
   streamSpanMs?: number;
   /** the stream's output tokens, when a usage frame in it reported them */
   streamTokens?: number;
+  /** a Responses stream: item and part events around its deltas, so its events say nothing of its node's tokens an event */
+  streamEventsNotTokens?: boolean;
 }
 
 export interface FailoverResponse {

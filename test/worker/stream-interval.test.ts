@@ -79,6 +79,15 @@ describe("the decode step of an engine that streams several tokens an event", ()
     expect(withUsage.d0 / withUsage.d1).toBeGreaterThan(0.67);
     expect(withUsage.d0 / withUsage.d1).toBeLessThan(1.5);
     expect((await rates("d1")).tokensPerEvent).toBe(1);
+    // Responses streams (an event a token, item and part events around them, a usage frame) to
+    // both: timed by their usage, they say nothing of d0's chat streams' tokens an event
+    for (let i = 0; i < 4; i++) {
+      const res = await post("/v1/responses", { model: "sim-model", input: `responses ${i}`, max_output_tokens: OUT, stream: true });
+      expect(res.status).toBe(200);
+      expect(await res.text()).toContain("response.completed");
+    }
+    await settled();
+    expect((await rates("d0")).tokensPerEvent).toBeGreaterThan(7);
 
     // the same without a usage frame: d0's events are counted as the tokens an event it showed
     await resetState();
