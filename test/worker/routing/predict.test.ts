@@ -191,6 +191,22 @@ describe("the predicted choice (pure)", () => {
     expect(unpriced.figures.decode.get("d0")!.decodeLoadMs).toBeUndefined();
   });
 
+  it("prices the decode load at the candidate Ds' mean ms a sequence: a D whose learned growth came out higher is not avoided for it, only for the sequences it decodes", () => {
+    // d0 and d1 decode alike (10 sequences each), but d0's fitted growth came out 3x d1's (one
+    // node's noise): each D is warm for half the prompt, d0 a little more
+    const q = (decodingD1: number) => {
+      const d0 = D("d0", { rates: { ...rates, decodeMsPerSeq: 1.5, decodeTokens: 400 }, decoding: 10, decodeOnly: true }, 3000, 8000);
+      const d1 = D("d1", { rates: { ...rates, decodeMsPerSeq: 0.5, decodeTokens: 400 }, decoding: decodingD1, decodeOnly: true }, 4000, 8000);
+      return { prefills: [P("p0")], decodes: [d0, d1], sameGroup: false, kvBusy: 0.9 };
+    };
+    const alike = choosePredicted(q(10))!;
+    expect(alike.figures.decode.get("d0")!.decodeLoadMs).toBeUndefined();
+    expect(alike.figures.decode.get("d1")!.decodeLoadMs).toBeUndefined();
+    expect(alike.choice).toMatchObject({ decode: "d0" });
+    // d1 decoding 5 more: priced at the mean 1 ms a sequence, 400 x 2 x 1 x 5 = 4 s over d0
+    expect(choosePredicted(q(15))!.figures.decode.get("d1")!.decodeLoadMs).toBeCloseTo(400 * 2 * 1 * 5);
+  });
+
   it("`both` nodes that both policies rank first: their own pick is that node alone, kept unless beaten by the margin", () => {
     // cold everywhere, nothing decoding: x alone is ~8% faster than y then x (no transfer), under the margin
     const q = (prefillOrder: string[]) => ({
