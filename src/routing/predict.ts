@@ -185,7 +185,8 @@ export const prefillHarmMs = (n: PredictedNode, size: RequestSize): number => ow
  * between two Ds counts (choosePredicted takes it over the least loaded): without it nothing priced
  * the steps a new sequence lengthens, and a warm D's batch grew unseen. The step of one sequence is
  * left out: it is the pool's alike, and learned per node its noise times hundreds of tokens chose
- * the D (one-off build, 2026-12-02).
+ * the D (one-off build, 2026-12-02); for the same reason select-predicted.ts prices the load at the
+ * candidate Ds' mean ms a sequence (2026-12-03).
  */
 export const decodeLoadMs = (d: PredictedNode): number => (d.rates.decodeTokens ?? 0) * 2 * d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
 
