@@ -234,12 +234,17 @@ export const PREAMBLE_MAX_BYTES = 256 * 1024;
  */
 export const RESPONSES_PREAMBLE: readonly string[] = ["response.created", "response.in_progress"];
 
-/** An SSE event's type: its `event:` line, else its data's `"type"` member (null: a comment, no type). */
-function eventTypeOf(block: string): string | null {
+/**
+ * An SSE event's type: its `event:` line, else its data's Responses `"type"` (a `response.` one: the
+ * response object an event carries holds nested types, `text.format.type` among them, and may come
+ * before the event's own), else its first; "" for data without one, null for a comment.
+ */
+export function eventTypeOf(block: string): string | null {
   const named = /^event:[ ]?(.*)$/m.exec(block);
   if (named) return named[1]!.trim();
-  const typed = /^data:.*?"type"\s*:\s*"([^"]*)"/m.exec(block);
-  return typed ? typed[1]! : /^data:/m.test(block) ? "" : null;
+  if (!/^data:/m.test(block)) return null;
+  const types = [...block.matchAll(/"type"\s*:\s*"([^"]*)"/g)].map((m) => m[1]!);
+  return types.find((t) => t.startsWith("response.")) ?? types[0] ?? "";
 }
 
 /**
