@@ -72,6 +72,7 @@ trace:      --cache-aware-alpha X --block-chars N (passed to policy.cacheAware)
             --cells 1,2,4 (each policy with the pool cut into that many cells: the document's \`cells\`, docs/scaling.md)
 overhead:   --levels 1,16,64 --requests-per-level N --streams 1000 --stream-seconds 120 --no-memory --memory-only --prompt-chars N
             --decision-prompt-chars 120000 --decision-requests 200 --no-decision --rounds 3
+            --output-tokens 8 --no-usage (streams that ask for no usage frame)
             --memory-policy a,b (default: every --policy) --router-vars KEY=VALUE,... --abort-share 0.05
 soak:       --minutes 5 --concurrency 48 --sample-s 5 --seed 25 --shares 0.3,0.4,0.15,0.15
             --target router|baseline|both --rate R (paced; default 20 for baseline and both) --allocator (tcmalloc through gdb, idle)

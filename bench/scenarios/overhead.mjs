@@ -208,7 +208,9 @@ export async function runOverhead(options) {
     model: 'sim-model',
     messages: [{ role: 'user', content: `request ${i} `.padEnd(promptChars, 'x') }],
     stream: true,
-    stream_options: { include_usage: true },
+    // --no-usage: streams without a usage frame (the OpenAI SDK's default): what the router's
+    // reader costs on the lines it must look through for one an engine might send unasked
+    ...(options['no-usage'] ? {} : { stream_options: { include_usage: true } }),
     max_tokens: outputTokens,
   });
 
@@ -327,7 +329,7 @@ export async function runOverhead(options) {
 
   const report = {
     scenario: 'overhead',
-    config: { levels, promptChars, outputTokens, rounds, requestsPerLevel: perLevel || 'default', routerVars, abortShare },
+    config: { levels, promptChars, outputTokens, usage: !options['no-usage'], rounds, requestsPerLevel: perLevel || 'default', routerVars, abortShare },
     baseline: { levels: baselineLevels, memory: baseMemory },
     results,
     decision,
