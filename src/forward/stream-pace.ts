@@ -1,9 +1,9 @@
 /**
- * Counts a stream's SSE data events as they pass and when the first and last came: a token is an
- * event (vLLM and SGLang send one a token, or a few at a time under load, which this counts as one
- * step). One look at each byte, no decoding.
+ * Counts a stream's SSE data events as they pass and when the first and last came. One look at
+ * each byte, no decoding. An event may carry several tokens (an engine's --stream-interval): the
+ * tokens are what a usage frame in the stream reported, set by its reader (node-rates.ts).
  */
-export function streamPace(): { events: number; first: number; last: number; watch(bytes: Uint8Array): void } {
+export function streamPace(): { events: number; first: number; last: number; tokens: number | undefined; watch(bytes: Uint8Array): void } {
   // "data:" at the start of a line; `atLineStart` carries across chunks
   const DATA = [0x64, 0x61, 0x74, 0x61, 0x3a];
   let atLineStart = true;
@@ -12,6 +12,7 @@ export function streamPace(): { events: number; first: number; last: number; wat
     events: 0,
     first: 0,
     last: 0,
+    tokens: undefined as number | undefined,
     watch(bytes: Uint8Array) {
       let found = false;
       for (const b of bytes) {

@@ -39,7 +39,7 @@ export function singleResponse(c: Ctx, kind: RequestKind, body: InferenceRequest
   return new Response(toClient(c, singleFeed(out.source), routed.config.timeouts.decodeIdleMs, requestId), { status: 200, headers });
 }
 
-/** The stream carries a usage object only when the client asked for one (a Responses stream always does). */
+/** The client asked for a usage frame (a Responses stream always has one); an engine may send one unasked (--enable-force-include-usage), which answerBody fixes too. */
 export function streamHasUsage(kind: RequestKind, parsed: Record<string, unknown>): boolean {
   if (kind === "responses") return true;
   const o = parsed.stream_options as { include_usage?: unknown; continuous_usage_stats?: unknown } | null | undefined;
@@ -68,7 +68,7 @@ export function answerBody(kind: RequestKind, body: InferenceRequest, { life, co
   // tokens time D's decode step) and, from a node that prefilled alone, watched (never changed)
   const watch = alone ? usageObserver((u) => (seen = u)) : null;
   // the stream's pace (node-rates.ts learns D's decode step from it), with its output tokens when a usage frame reports them
-  const pace = Object.assign(streamPace(), { tokens: undefined as number | undefined });
+  const pace = streamPace();
   const responseId = kind === "responses" ? responseIdWatcher(life) : null;
   const source = decodeSource({
     leg: answer.leg,
@@ -93,13 +93,7 @@ function decodeLeg(answer: DecodeAnswer, outcome: LegReport["outcome"]): LegRepo
 }
 
 /** Ends the life of a request whose stream ended, with the outcome it ended in. */
-function endStream(
-  life: RequestLife,
-  answer: DecodeAnswer,
-  pace: (ReturnType<typeof streamPace> & { tokens: number | undefined }) | null,
-  end: StreamEnd,
-  responses: boolean,
-): void {
+function endStream(life: RequestLife, answer: DecodeAnswer, pace: ReturnType<typeof streamPace> | null, end: StreamEnd, responses: boolean): void {
   switch (end.outcome) {
     case "ok":
       if (pace && pace.events > 0)

@@ -188,7 +188,7 @@ export const prefillHarmMs = (n: PredictedNode, size: RequestSize): number => ow
  * the D (one-off build, 2026-12-02); for the same reason select-predicted.ts prices the load at the
  * candidate Ds' mean ms a sequence (2026-12-03).
  */
-export const decodeLoadMs = (d: PredictedNode): number => (d.rates.decodeTokens ?? 0) * 2 * d.rates.decodeMsPerSeq * Math.max(0, d.decoding);
+export const decodeLoadMs = (d: PredictedNode, msPerSeq = d.rates.decodeMsPerSeq): number => (d.rates.decodeTokens ?? 0) * 2 * msPerSeq * Math.max(0, d.decoding);
 
 /** Predicted TTFT of D prefilling alone, and the decode harm it does there. */
 export function localPrediction(d: PredictedNode, onD: RequestSize): LocalPrediction {

@@ -99,8 +99,8 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   // prefill it would run, and pricing their load too cost both-8 TTFT for no TPOT (docs/predicted.md)
   const priced = q.decodes.every((d) => d.node.decodeOnly === true);
   // ms a sequence: the candidates' mean, so only the sequences decoding on each D tell them apart
-  const perSeq = q.decodes.reduce((sum, d) => sum + d.node.rates.decodeMsPerSeq, 0) / Math.max(1, q.decodes.length);
-  const loads = q.decodes.map((d) => (priced ? decodeLoadMs({ ...d.node, rates: { ...d.node.rates, decodeMsPerSeq: perSeq } }) : 0));
+  const perSeq = priced ? q.decodes.reduce((sum, d) => sum + d.node.rates.decodeMsPerSeq, 0) / q.decodes.length : 0;
+  const loads = q.decodes.map((d) => (priced ? decodeLoadMs(d.node, perSeq) : 0));
   const least = Math.min(...loads);
 
   for (let j = 0; j < q.decodes.length; j++) {

@@ -167,7 +167,7 @@ export class NodeRateTable {
         // its events' gaps: the usage frame is one more event (never below a token an event)
         const eventGaps = s.streamEvents - 3;
         if (eventGaps > 0 && !s.streamEventsNotTokens) this.#addTokensPerEvent(s.decode, Math.max(gaps, eventGaps), eventGaps, now);
-      } else gaps = (s.streamEvents - 2) * this.#tokensPerEvent(s.decode, now);
+      } else gaps = (s.streamEvents - 2) * this.tokensPerEvent(s.decode, now);
       this.#addStep(s.decode, s.streamSpanMs / gaps, gaps, batch, now);
       decayTo(this.#output, now, OUTPUT_HALF_LIFE_MS);
       this.#output.ms += gaps + 1;
@@ -218,10 +218,6 @@ export class NodeRateTable {
 
   /** The node's tokens an event, learned from its streams with a usage frame (1 until one showed more). */
   tokensPerEvent(node: string, now: number): number {
-    return this.#tokensPerEvent(node, now);
-  }
-
-  #tokensPerEvent(node: string, now: number): number {
     const d = this.#perEvent.get(node);
     if (d) decayTo(d, now, OUTPUT_HALF_LIFE_MS);
     return ((d?.ms ?? 0) + PRIOR_EVENT_GAPS) / ((d?.weight ?? 0) + PRIOR_EVENT_GAPS);

@@ -249,7 +249,8 @@ describe("the predicted choice (pure)", () => {
           } else expect(decodes.find((d) => d.id === c.decode)!.localPrefill).toBe(true);
           // brute force: no option scores below the choice by more than the margin (decode load over the least loaded D's)
           // (priced only when every D is decode-only)
-          const load = (d: DecodeCandidate) => (decodes.every((x) => x.node.decodeOnly) ? decodeLoadMs(d.node) : 0);
+          const perSeq = decodes.reduce((sum, d) => sum + d.node.rates.decodeMsPerSeq, 0) / decodes.length;
+          const load = (d: DecodeCandidate) => (decodes.every((x) => x.node.decodeOnly) ? decodeLoadMs(d.node, perSeq) : 0);
           const least = Math.min(...decodes.map(load));
           const scores = decodes.flatMap((d) => [
             ...prefills
