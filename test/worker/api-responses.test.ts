@@ -177,6 +177,20 @@ describe("POST /v1/responses: D's first event is its first output, not response.
   // wait for the event after them, as they wait for a chat stream's first token
   beforeEach(resetSim);
 
+  /** p0 and the `slow` engine (real time; no other test of this file uses it) as D, made to step in 0.5 s: its first output comes 0.5 s after its preamble. */
+  async function slowFirstOutput(timeouts: Record<string, number> = {}): Promise<void> {
+    await putCluster({
+      protocol: "vllm",
+      policy: rr,
+      timeouts,
+      nodes: [
+        { id: "p0", role: "prefill" },
+        { id: "slow", role: "decode" },
+      ],
+    });
+    await control("/engines/slow/options", { decodeBaseMs: 500 });
+  }
+
   it("a D that breaks after response.created and response.in_progress fails over to the other D: the client gets one whole answer, no error", async () => {
     await putCluster({
       protocol: "vllm",
@@ -208,16 +222,7 @@ describe("POST /v1/responses: D's first event is its first output, not response.
   });
 
   it("D's first output is due within decodeFirstByteMs, as a chat stream's first token is: a 0.5 s first token against 300 ms is a 504", async () => {
-    await putCluster({
-      protocol: "vllm",
-      policy: rr,
-      timeouts: { decodeFirstByteMs: 300 },
-      nodes: [
-        { id: "p0", role: "prefill" },
-        { id: "slow", role: "decode" },
-      ],
-    });
-    await control("/engines/slow/options", { decodeBaseMs: 500 });
+    await slowFirstOutput({ decodeFirstByteMs: 300 });
     const res = await post("/v1/responses", responsesBody(`first output due ${RUN}`, { stream: true, max_output_tokens: 2 }));
     expect(res.status).toBe(504);
     expect(((await res.json()) as any).error.code).toBe("upstream_timeout");
@@ -225,16 +230,7 @@ describe("POST /v1/responses: D's first event is its first output, not response.
   });
 
   it("D's time to first byte is its first output's: a D whose first token takes 0.5 s shows it in server-timing", async () => {
-    await putCluster({
-      protocol: "vllm",
-      policy: rr,
-      nodes: [
-        { id: "p0", role: "prefill" },
-        { id: "slow", role: "decode" },
-      ],
-    });
-    // the `slow` engine (real time; no other test of this file uses it) made to step in 0.5 s
-    await control("/engines/slow/options", { decodeBaseMs: 500 });
+    await slowFirstOutput();
     const res = await post("/v1/responses", responsesBody(`first output timing ${RUN}`, { stream: true, max_output_tokens: 2 }));
     expect(res.status).toBe(200);
     const ttfb = Number(/decode-ttfb;dur=(\d+)/.exec(res.headers.get("server-timing") ?? "")?.[1]);

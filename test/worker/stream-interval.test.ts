@@ -44,6 +44,21 @@ const settled = () =>
 
 const rates = async (id: string) => (await snapshot()).nodes.find((n: { id: string }) => n.id === id)!.rates!;
 
+/** p0, d0 and d1 under round-robin D, the object's learned rates forgotten; a prior near the engines' step, so what the streams teach shows at once. */
+async function freshPool(): Promise<void> {
+  await resetState();
+  for (const id of ["p0", "d0", "d1"]) await setMetrics(id, kv(0.1));
+  await putNodes(
+    [
+      { id: "p0", role: "prefill" },
+      { id: "d0", role: "decode" },
+      { id: "d1", role: "decode" },
+    ],
+    { profile: { decodeStepMs: 10 } },
+  );
+  await poll();
+}
+
 beforeAll(async () => {
   // a step of ~10 real ms on both Ds (1,000 simulated ms at the rig's time scale 0.01): long
   // enough that the relay's timing of 39 gaps is the engine's, not the host's
@@ -53,18 +68,7 @@ beforeAll(async () => {
 
 describe("the decode step of an engine that streams several tokens an event", () => {
   it("is timed by the tokens its usage frames count, and its streams without one by the tokens an event it showed: the same step as a node streaming one a token", async () => {
-    await resetState();
-    for (const id of ["p0", "d0", "d1"]) await setMetrics(id, kv(0.1));
-    await putNodes(
-      [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
-      ],
-      // a prior near the engines' step, so what the streams teach shows at once
-      { profile: { decodeStepMs: 10 } },
-    );
-    await poll();
+    await freshPool();
     // round-robin D: d0 and d1 in turn
     const served = { d0: 0, d1: 0 } as Record<string, number>;
     for (let i = 0; i < 8; i++) served[await stream(i, true)]!++;
@@ -90,16 +94,7 @@ describe("the decode step of an engine that streams several tokens an event", ()
     expect((await rates("d0")).tokensPerEvent).toBeGreaterThan(7);
 
     // the same without a usage frame: d0's events are counted as the tokens an event it showed
-    await resetState();
-    await putNodes(
-      [
-        { id: "p0", role: "prefill" },
-        { id: "d0", role: "decode" },
-        { id: "d1", role: "decode" },
-      ],
-      { profile: { decodeStepMs: 10 } },
-    );
-    await poll();
+    await freshPool();
     // d0 shows its tokens an event in two streams with a usage frame, then streams without: twice
     // as many, so that counted by events alone its step would come out ~2x d1's
     for (let i = 0; i < 4; i++) await stream(100 + i, true);
