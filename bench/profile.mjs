@@ -5,6 +5,7 @@
 //
 //   node bench/profile.mjs [--policy round_robin] [--concurrency 16] [--seconds 10] [--top 15]
 //                          [--src HEAD] [--out bench/out/profile.cpuprofile] [--interval-us 100]
+//                          [--output-tokens 8] [--no-usage]   (streams of that many tokens; without a usage frame asked)
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -24,6 +25,8 @@ const concurrency = numberOption(options, 'concurrency', 16);
 const seconds = numberOption(options, 'seconds', 10);
 const top = numberOption(options, 'top', 15);
 const intervalUs = numberOption(options, 'interval-us', 100);
+const outputTokens = numberOption(options, 'output-tokens', 8);
+const usage = !options['no-usage'];
 const out = path.resolve(stringOption(options, 'out', path.join(REPO_ROOT, 'bench', 'out', 'profile.cpuprofile')));
 const src = stringOption(options, 'src');
 if (src) process.env.BENCH_SRC = src;
@@ -57,8 +60,8 @@ try {
     model: 'sim-model',
     messages: [{ role: 'user', content: `request ${i} `.padEnd(64, 'x') }],
     stream: true,
-    stream_options: { include_usage: true },
-    max_tokens: 8,
+    ...(usage ? { stream_options: { include_usage: true } } : {}),
+    max_tokens: outputTokens,
   });
   let seq = 0;
   let failed = 0;
@@ -90,7 +93,7 @@ try {
   writeFileSync(out, JSON.stringify(profile));
   const requests = seq - requestsBefore;
   const head = [
-    `router CPU profile: policy ${policy}, concurrency ${concurrency}, ${seconds} s, ${requests} requests (${failed} failed), ${(requests / seconds).toFixed(0)} requests/s`,
+    `router CPU profile: policy ${policy}, concurrency ${concurrency}, ${outputTokens}-token streams${usage ? '' : ' without usage'}, ${seconds} s, ${requests} requests (${failed} failed), ${(requests / seconds).toFixed(0)} requests/s`,
     `workerd CPU ${(cpuMs / requests).toFixed(2)} ms a request (whole process, profiler on); sampling every ${intervalUs} us; inspector target: ${target.title ?? target.id}`,
     `Worker: ${JSON.stringify((await import('./lib/harness.mjs')).workerSource())}; load average ${os
       .loadavg()
