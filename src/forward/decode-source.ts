@@ -248,6 +248,38 @@ export function eventTypeOf(block: string): string | null {
 }
 
 /**
+ * Reads a stream's text as it comes and answers whether a whole event of a type other than
+ * `preamble` has been read. Each event is looked at once, when it is complete, and dropped: a
+ * Responses preamble echoes the request's instructions and tools (hundreds of KB for an agent),
+ * and re-reading all of it at every chunk cost 54 ms of CPU for 230 KB in 1 KB chunks.
+ */
+export function preambleScan(preamble: readonly string[]): (chunk: string) => boolean {
+  /** the text after the last whole event, in pieces (joined only once its event is whole), line breaks as LF */
+  let rest: string[] = [];
+  let restEndsLf = false;
+  /** the last chunk ended in CR: the LF of a CRLF may begin the next */
+  let cr = false;
+  return (chunk) => {
+    let text = cr ? `\r${chunk}` : chunk;
+    cr = text.endsWith("\r");
+    if (cr) text = text.slice(0, -1);
+    text = text.replace(/\r\n?/g, "\n");
+    if (!text) return false;
+    const ends = text.includes("\n\n") || (restEndsLf && text[0] === "\n");
+    restEndsLf = text.endsWith("\n");
+    rest.push(text);
+    if (!ends) return false;
+    const blocks = rest.join("").split("\n\n");
+    // the last block is unfinished (empty when the text ends an event)
+    rest = [blocks.pop()!];
+    return blocks.some((block) => {
+      const type = eventTypeOf(block);
+      return type !== null && !preamble.includes(type);
+    });
+  };
+}
+
+/**
  * Reads D's stream until its first event is known not to be an error: the status line waits for
  * it (it is in D's first bytes: engines write an event whole), so an error D reports as its first
  * event — SGLang's decode whose KV transfer failed, vLLM's request that failed in the engine —
@@ -264,17 +296,8 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
   let bytes = 0;
   // the preamble: passed once a whole event of another type was read
   let past = preamble.length === 0;
-  let text = "";
+  const scan = preambleScan(preamble);
   const decoder = new TextDecoder();
-  const pastPreamble = (): boolean => {
-    const blocks = text.replace(/\r\n?/g, "\n").split("\n\n");
-    // the last block is unfinished (empty when the text ends an event)
-    for (const block of blocks.slice(0, -1)) {
-      const type = eventTypeOf(block);
-      if (type !== null && !preamble.includes(type)) return true;
-    }
-    return false;
-  };
   for (;;) {
     let read: ReadableStreamReadResult<Uint8Array>;
     try {
@@ -297,10 +320,7 @@ export async function readFirstEvent(leg: Leg, reader: ReadableStreamDefaultRead
     bytes += read.value.byteLength;
     const g = sse.feed(read.value);
     if (g.error) throw leg.errorEventFailure(g.error);
-    if (!past) {
-      text += decoder.decode(read.value, { stream: true });
-      past = pastPreamble();
-    }
+    if (!past) past = scan(decoder.decode(read.value, { stream: true }));
     if ((sse.settled && past) || bytes >= (past ? FIRST_EVENT_MAX_BYTES : PREAMBLE_MAX_BYTES)) break;
   }
   leg.clearDeadline();
