@@ -348,10 +348,20 @@ export function completesStream(rule: Completeness, eventType: string | null, js
   return rule.kind === "done" ? isDone(head, dataBytes) : rule.types.includes((eventType ?? json?.result())!);
 }
 
-/** The parts as one array: the part itself when there is one (no copy). */
+/**
+ * The parts as one array: the part itself when there is one, and a view when they lie side by side
+ * in one buffer (a chunk's lines passed unchanged: the usual case) — no copy in either.
+ */
 export function joinBytes(parts: Uint8Array[]): Uint8Array {
   parts = parts.filter((p) => p.length);
   if (parts.length < 2) return parts[0] ?? EMPTY;
+  const first = parts[0]!;
+  let end = first.byteOffset + first.byteLength;
+  for (let k = 1; k < parts.length && end >= 0; k++) {
+    const p = parts[k]!;
+    end = p.buffer === first.buffer && p.byteOffset === end ? end + p.byteLength : -1;
+  }
+  if (end >= 0) return new Uint8Array(first.buffer, first.byteOffset, end - first.byteOffset);
   const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const p of parts) {

@@ -1,7 +1,7 @@
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { HOLD_MAX_BYTES, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
+import { HOLD_MAX_BYTES, joinBytes, MAX_DATA_LINE_BYTES, sseReader, type Completeness, type DataRewrite } from "../../src/forward/sse-reader";
 import { fixUsage, fixUsageInBody, usageRewrite } from "../../src/forward/stream";
 import { feedReader, type Fed } from "../support/sse-feed";
 import { withoutFileEngines } from "./helpers";
@@ -253,3 +253,23 @@ describe("sseReader: it holds only what a decision waits for", () => {
 function untilErrorFree(text: string): boolean {
   return !clientEvents(text).some((e) => e.event === "error" || /^\s*\{\s*"error"/.test(e.data));
 }
+
+describe("joinBytes", () => {
+  const bytes = new TextEncoder().encode('data: {"a":1}\n\ndata: [DONE]\n\n');
+  it("parts side by side in one buffer come back as one view of it (a chunk whose held lines passed unchanged), others as a copy", () => {
+    const parts = [bytes.subarray(0, 13), bytes.subarray(13, 14), bytes.subarray(14, 15), bytes.subarray(15)];
+    const joined = joinBytes(parts);
+    expect(joined.buffer).toBe(bytes.buffer);
+    expect(joined.byteOffset).toBe(0);
+    expect(joined).toEqual(bytes);
+    // out of order, a gap, or another buffer: a copy with the parts' bytes in order
+    const swapped = joinBytes([bytes.subarray(15), bytes.subarray(0, 15)]);
+    expect(swapped.buffer).not.toBe(bytes.buffer);
+    expect(new TextDecoder().decode(swapped)).toBe('data: [DONE]\n\ndata: {"a":1}\n\n');
+    expect(new TextDecoder().decode(joinBytes([bytes.subarray(0, 5), bytes.subarray(6, 8)]))).toBe('data:{"');
+    const other = new TextEncoder().encode("x");
+    expect(new TextDecoder().decode(joinBytes([bytes.subarray(0, 5), other]))).toBe("data:x");
+    // empty parts are left out
+    expect(joinBytes([new Uint8Array(0), bytes.subarray(0, 4), new Uint8Array(0)]).buffer).toBe(bytes.buffer);
+  });
+});
