@@ -103,6 +103,8 @@ export function agenticConfig(options) {
     // before issue 22's item 5); default held: the clock stands while the router has a request in
     // hand, so a busy machine does not thin the closed loop (sim/model/router-holds.mjs)
     routerTime: stringOption(options, 'router-time', 'held') === 'real' ? 'real' : 'held',
+    // --trace-profile '{"coldSigma":1.6}': the generator's parameters over AGENTIC_PROFILE (to try a workload's shape)
+    traceProfile: /** @type {Record<string, number>} */ (JSON.parse(stringOption(options, 'trace-profile', '{}'))),
     quick,
   };
 }
@@ -120,7 +122,7 @@ function enginesOf(nodes) {
 /** @param {Record<string, string | true>} options */
 export async function runAgentic(options) {
   const cfg = agenticConfig(options);
-  const trace = agenticTrace({ requests: cfg.requests, seed: cfg.seed, sessionsPerS: cfg.sessionsPerS });
+  const trace = agenticTrace({ requests: cfg.requests, seed: cfg.seed, sessionsPerS: cfg.sessionsPerS, profile: cfg.traceProfile });
   const profile = agenticProfile(trace);
   const file = agenticConfigsFile(cfg.configsFile);
   const all = file.configs;
