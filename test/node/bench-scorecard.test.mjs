@@ -1,6 +1,18 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { DOC_BEGIN, SPREAD_BEGIN, SPREAD_END, generatedPart, score, scorecard, scorecardMarkdown, spliceGenerated, spread, spreadMarkdown } from '../../bench/lib/scorecard.mjs';
+import {
+  DOC_BEGIN,
+  SPREAD_BEGIN,
+  SPREAD_END,
+  diagnostics,
+  generatedPart,
+  score,
+  scorecard,
+  scorecardMarkdown,
+  spliceGenerated,
+  spread,
+  spreadMarkdown,
+} from '../../bench/lib/scorecard.mjs';
 import { SEEDS_DOC, SEEDS_JSON } from '../../bench/scenarios/seeds.mjs';
 
 // The seeds' scorecard (issue 22): every published comparison scored on effect size, the counts
@@ -81,5 +93,17 @@ describe('docs/benchmark-seeds.md, its Host load part', () => {
     const doc = readFileSync(SEEDS_DOC, 'utf8');
     const committed = JSON.parse(readFileSync(SEEDS_JSON.replace('seeds.json', 'seeds-spread.json'), 'utf8'));
     expect(generatedPart(doc, SPREAD_BEGIN, SPREAD_END)).toBe(spreadMarkdown(committed).trim());
+  });
+});
+
+describe('the figures judged on their own', () => {
+  it("count a wait for decode KV at the router's edge (its KV guard) beside one inside the engines", () => {
+    const agentic = {
+      results: [
+        { name: 'pd-6p2d/cache_aware', kvWaitShare: 0.02, edgeWaitShare: 0.57, edgeQueued: 84, completed: 1000, edgeQueueP90Ms: 173575, decodeKvPeak: 0.9, decodeKvMean: 0.41 },
+      ],
+    };
+    const row = diagnostics({ agentic }).find((d) => d.what.includes('main run') && d.what.includes('waiting for decode KV'));
+    expect(row?.ours).toBe('0.02 + 0.57 (84 of 1000 requests held at the edge, p90 173.575 s)');
   });
 });
