@@ -1,7 +1,8 @@
 /**
  * Counts a stream's SSE data events as they pass and when the first and last came: a line's first
- * bytes are looked at, the rest skipped with `indexOf`; no decoding. An event may carry several tokens (an engine's --stream-interval): the
- * tokens are what a usage frame in the stream reported, set by its reader (node-rates.ts).
+ * bytes are looked at, the rest skipped with `indexOf`; no decoding. An event may carry several
+ * tokens (an engine's --stream-interval): the tokens are what a usage frame in the stream
+ * reported, set by its reader (node-rates.ts).
  */
 export function streamPace(): { events: number; first: number; last: number; tokens: number | undefined; watch(bytes: Uint8Array): void } {
   // "data:" at the start of a line; `atLineStart` carries across chunks
