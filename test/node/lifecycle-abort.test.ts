@@ -8,7 +8,7 @@
 // fail with it removed. A FIN-only close is not seen locally until a write: docs/testing.md,
 // "Clients that leave".
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RawClient, chatBody, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, chatBody, expectEnginesIdle, expectOneLogLine, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 
 const STALL_MS = 1000;
 const LEASE_TTL_MS = 1500;
@@ -51,21 +51,6 @@ beforeEach(async () => {
 let n = 0;
 const newId = (what: string) => `lc-${what}-${Date.now().toString(36)}-${n++}`;
 
-/** The request wrote exactly one log line, within `ms`. */
-async function expectOneLogLine(id: string, ms: number): Promise<Record<string, unknown>> {
-  await until(
-    `log line of ${id}`,
-    async () => rig.requestLogs(id).length,
-    (k) => k > 0,
-    // the line is written as the request ends (released before this is called): the bound ends a hang
-    Math.max(ms, 5000),
-  );
-  await sleep(300);
-  const logs = rig.requestLogs(id);
-  expect(logs).toHaveLength(1);
-  return logs[0]!;
-}
-
 describe("1. a client that leaves (request.signal): legs closed, lease released, one `aborted` log line", () => {
   it.each([
     ["reset", "closes the tab (RST: request.signal fires at once)"],
@@ -88,7 +73,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     expect(stats.d0!.outputTokens).toBeLessThan(400);
     // and P holds no KV handle for it (vLLM would keep an unread one's blocks for 480 s)
     expect(stats.p0!.heldHandles).toBe(0);
-    const log = await expectOneLogLine(id, 1000);
+    const log = await expectOneLogLine(rig, id);
     expect(log).toMatchObject({ status: 499, outcome: "aborted" });
     console.info(
       `[1a ${how}] released ${ms} ms after the client left; p0 aborts ${stats.p0!.clientAborts}, d0 aborts ${stats.d0!.clientAborts}, d0 tokens ${stats.d0!.outputTokens}`,
@@ -111,7 +96,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     expect(stats.d0!.clientAborts).toBe(1);
     expect(stats.d0!.outputTokens).toBeLessThan(400);
     expect(stats.p0!.heldHandles).toBe(0);
-    const log = await expectOneLogLine(id, 1000);
+    const log = await expectOneLogLine(rig, id);
     expect(log).toMatchObject({ status: 499, outcome: "aborted" });
     console.info(`[1b] released ${ms} ms after the client left; d0 tokens ${stats.d0!.outputTokens}`);
   });
@@ -129,7 +114,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     client.leave();
     await expectReleased(rig, STALL_MS + SLACK_MS);
     expect((await expectEnginesIdle(rig, 1000)).p0!.clientAborts).toBe(1);
-    expect(await expectOneLogLine(id, 1000)).toMatchObject({ status: 499, outcome: "aborted" });
+    expect(await expectOneLogLine(rig, id)).toMatchObject({ status: 499, outcome: "aborted" });
   });
 
   it("a client that leaves while D is stalled (no byte flows, so no write reveals it): a departure at once, never D's failure at decodeIdleMs", async () => {
@@ -144,7 +129,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     // D's connection closed at the engine: the router hung up on it, D did not end it
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
-    const log = await expectOneLogLine(id, 1000);
+    const log = await expectOneLogLine(rig, id);
     expect(log).toMatchObject({ status: 499, outcome: "aborted" });
     // nothing charged to D: its failure count and health are as before the request
     const d0 = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!;
@@ -164,7 +149,7 @@ describe("1. a client that leaves (request.signal): legs closed, lease released,
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
     expect(client.bytes).toBeLessThan(64 << 20);
-    const log = await expectOneLogLine(id, 1000);
+    const log = await expectOneLogLine(rig, id);
     expect(log.status).toBe(499);
     expect(log.outcome).toBe("stalled");
     client.leave();
@@ -191,7 +176,7 @@ describe("2. nothing waits forever after D's headers: decodeIdleMs, nonStreamMs"
     await expectReleased(rig, 1000);
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
-    const log = await expectOneLogLine(id, 1000);
+    const log = await expectOneLogLine(rig, id);
     expect(log).toMatchObject({ status: 502, outcome: "error" });
     console.info(`[2a] error event ${waited} ms after D fell silent (decodeIdleMs ${TIMEOUTS.decodeIdleMs})`);
   });
@@ -206,7 +191,7 @@ describe("2. nothing waits forever after D's headers: decodeIdleMs, nonStreamMs"
     await expectReleased(rig, 1000);
     const stats = await expectEnginesIdle(rig, 1000);
     expect(stats.d0!.clientAborts).toBe(1);
-    expect((await expectOneLogLine(id, 1000)).status).toBe(504);
+    expect((await expectOneLogLine(rig, id)).status).toBe(504);
   });
 
   it("a non-streamed answer whose headers never come: 504 within nonStreamMs", async () => {
@@ -230,7 +215,7 @@ describe("3. a non-streamed body that breaks is a 502 envelope, never a 500 or a
     expect(error.code).not.toBe("internal_error");
     await expectReleased(rig, 1000);
     await expectEnginesIdle(rig, 1000);
-    expect((await expectOneLogLine(id, 1000)).status).toBe(502);
+    expect((await expectOneLogLine(rig, id)).status).toBe(502);
     expect(rig.lines().some((l) => l.includes('"event":"unhandled_error"'))).toBe(false);
   });
 

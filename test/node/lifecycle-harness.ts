@@ -243,6 +243,23 @@ export async function expectReleased(rig: Rig, ms: number): Promise<number> {
   return (await until("leases released and in-flight 0", () => rig.adminStatus(), idle, ms)).ms;
 }
 
+/**
+ * The request wrote exactly one log line: awaited (the line is written as the request ends; the
+ * bound ends a hang), then a moment more for a second one that must not come.
+ */
+export async function expectOneLogLine(rig: Rig, id: string): Promise<Record<string, unknown>> {
+  await until(
+    `log line of ${id}`,
+    async () => rig.requestLogs(id).length,
+    (k) => k > 0,
+    5000,
+  );
+  await sleep(300);
+  const logs = rig.requestLogs(id);
+  expect(logs).toHaveLength(1);
+  return logs[0]!;
+}
+
 const IDLE_FLOOR_MS = 5000;
 
 /** No engine has a request open (every upstream connection closed), within `ms`. */

@@ -3,7 +3,7 @@
 // ends it — the client leaving while D still prefills, a D that fails before its first byte —
 // the lease is released once, D's leg is closed and one log line says how it was served.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RawClient, expectEnginesIdle, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, expectEnginesIdle, expectOneLogLine, expectReleased, request, startRig, until, type Rig } from "./lifecycle-harness";
 import { seededRandom } from "../support/seeded";
 
 const STALL_MS = 1000;
@@ -65,19 +65,6 @@ async function warmConversation(): Promise<{ session: string; turn2: Record<stri
   return { session, turn2, d: String(one.headers["x-pd-decode"]) };
 }
 
-async function oneLogLine(id: string): Promise<Record<string, unknown>> {
-  await until(
-    `log line of ${id}`,
-    async () => rig.requestLogs(id).length,
-    (k) => k > 0,
-    5000,
-  );
-  await sleep(300);
-  const logs = rig.requestLogs(id);
-  expect(logs).toHaveLength(1);
-  return logs[0]!;
-}
-
 describe("a local prefill ends exactly once", () => {
   it("the client leaves while D prefills alone: D's leg is closed, the lease (prefill part included) released, one log line", async () => {
     const { session, turn2, d } = await warmConversation();
@@ -98,7 +85,7 @@ describe("a local prefill ends exactly once", () => {
     // seen at once through request.signal (RawClient.leave resets the socket): D's leg is closed mid-prefill
     await expectReleased(rig, STALL_MS + SLACK_MS);
     await expectEnginesIdle(rig, STALL_MS + SLACK_MS);
-    const line = await oneLogLine(id);
+    const line = await expectOneLogLine(rig, id);
     expect(line).toMatchObject({ status: 499, outcome: "aborted", mode: "local", reason: "cached", prefill: d, decode: d });
   });
 
@@ -115,7 +102,7 @@ describe("a local prefill ends exactly once", () => {
     expect(res.headers["x-pd-prefill"]).toBe("p0");
     expect(res.body.trimEnd().endsWith("data: [DONE]")).toBe(true);
     await expectReleased(rig, SLACK_MS);
-    const line = await oneLogLine(id);
+    const line = await expectOneLogLine(rig, id);
     // the log says how it was served in the end, not the first D's prediction
     expect(line).toMatchObject({ status: 200, outcome: "ok", mode: "disaggregated", reason: "no_local_prefill", prefill: "p0", decode: other });
     expect(line.uncachedTokens).toBeUndefined();

@@ -7,7 +7,7 @@
 // nothing charged to D. Modelled: the simulated vLLM decode node sends its preamble at once and
 // its first output `decodeBaseMs` later (a D whose first step waits behind a queue or a pull).
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RawClient, expectEnginesIdle, expectReleased, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, expectEnginesIdle, expectOneLogLine, expectReleased, sleep, startPairRig, until, type Rig } from "./lifecycle-harness";
 
 const STALL_MS = 1000;
 const SLACK_MS = 1500;
@@ -17,23 +17,10 @@ const STEP_MS = 2500;
 let rig: Rig;
 
 beforeAll(async () => {
-  rig = await startRig({
-    engines: [
-      { id: "p0", role: "prefill" },
-      { id: "d0", role: "decode" },
-    ],
+  ({ rig } = await startPairRig({
     vars: { LEASE_TTL_MS: 1500, CLIENT_STALL_MS: STALL_MS },
-    document: (url) => ({
-      protocol: "vllm",
-      policy: { prefill: "round_robin", decode: "round_robin" },
-      timeouts: { prefillMs: 3000, decodeFirstByteMs: 8000, decodeIdleMs: 8000, nonStreamMs: 8000 },
-      health: { ejectAfter: 100 },
-      nodes: [
-        { id: "p0", url: url("p0"), role: "prefill" },
-        { id: "d0", url: url("d0"), role: "decode" },
-      ],
-    }),
-  });
+    document: { timeouts: { prefillMs: 3000, decodeFirstByteMs: 8000, decodeIdleMs: 8000, nonStreamMs: 8000 } },
+  }));
   rig.engine("d0").setOptions({ decodeBaseMs: STEP_MS });
 }, 120000);
 
@@ -84,16 +71,7 @@ describe("a client that leaves while the router holds D's Responses preamble", (
       expect(ms).toBeLessThan(STEP_MS - 500);
       expect(stats.d0!.outputTokens).toBe(0);
     }
-    await until(
-      `log line of ${id}`,
-      async () => rig.requestLogs(id).length,
-      (k) => k > 0,
-      5000,
-    );
-    await sleep(300);
-    const logs = rig.requestLogs(id);
-    expect(logs).toHaveLength(1);
-    expect(logs[0]).toMatchObject({ status: 499, outcome: "aborted" });
+    expect(await expectOneLogLine(rig, id)).toMatchObject({ status: 499, outcome: "aborted" });
     const d0 = (await rig.adminStatus()).nodes.find((x) => x.id === "d0")!;
     expect(d0.failuresTotal).toBe(failuresBefore);
     expect(d0.healthy).toBe(true);
