@@ -2,8 +2,8 @@
 // official `openai` SDK (Responses API), the Vercel AI SDK (`ai` 6 with
 // `@ai-sdk/openai-compatible`) and LangChain's ChatOpenAI — used as a newcomer would, against the
 // real Worker in workerd over TCP, with simulated engines. (The openai SDK's chat and completions
-// are covered through SELF.fetch in test/worker/openai-sdk.test.ts.) Note openai 7.59.0 declares
-// engines node >=22; it runs on Node 20 today, but an upgrade may not.
+// are covered through SELF.fetch in test/worker/openai-sdk.test.ts.) openai is pinned to 6.x: 7.x
+// declares engines node >=22, and the project runs on Node 20 (npm ci warned EBADENGINE).
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
 import { generateText, streamText } from "ai";
@@ -197,7 +197,7 @@ describe("LangChain ChatOpenAI (@langchain/openai 0.6) through the router", () =
   });
 });
 
-describe("official openai SDK (openai 7) Responses API through the router", () => {
+describe("official openai SDK (openai 6) Responses API through the router", () => {
   const client = () => new OpenAI({ apiKey: "unused-without-API_KEYS", baseURL: `${router.url}/v1`, maxRetries: 0 });
 
   it("responses.create: the answer, usage with input and cached tokens from P, the P/D headers", async () => {
