@@ -49,6 +49,8 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
  * @property {Record<string, unknown>} policy the cluster document's policy, passed as-is
  * @property {boolean} [enabled] false: listed, not run
  * @property {string} [why] why it is not run
+ * @property {boolean} [engineSignals] false: the router reads no engine signals (hideEngineSignals), as
+ *   the study's own scheduler, which scored ongoing tokens and cache hits and read no engine's KV
  */
 
 /** @param {string} [file] @returns {AgenticConfig[]} */
@@ -109,6 +111,19 @@ export function agenticConfig(options) {
   };
 }
 
+/**
+ * The study's scheduler (score = ongoing tokens / mean load - alpha x cache hit) read nothing from
+ * the engines, so nothing stopped it sending a decode leg to a D whose KV was full: the request
+ * waited inside the engine for memory (the study's decode log: `Running: 0 reqs, Waiting: 6 reqs,
+ * KV cache: 97.1%`). The router's decode KV guard and KV barrier read the engines' `/metrics`
+ * (SPEC 8), and with no fresh reading they fail open (routing/kv-guard.ts): every engine of a row
+ * with `engineSignals: false` answers its `/metrics` 404, so the router decides as that scheduler.
+ * @param {{ cluster: { engines: Map<string, any> } }} stack
+ */
+export function hideEngineSignals(stack) {
+  for (const e of stack.cluster.engines.values()) e.setMetricsFault({ mode: 'status', status: 404 });
+}
+
 /** @param {Record<string, number>} nodes */
 function enginesOf(nodes) {
   const out = [];
@@ -144,6 +159,7 @@ export async function runAgentic(options) {
         nodes: [...started.values()].map((e) => ({ id: e.id, url: e.url, role: e.role, bootstrapPort: e.bootstrapPort })),
       }),
     });
+    if (c.engineSignals === false) hideEngineSignals(stack);
     try {
       const started = performance.now();
       const watch = cfg.slowNode
@@ -417,6 +433,8 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     // how the decode leg is sent: after P answered (await: the router's vllm protocol, NIXL-style),
     // or with P at once, D taking its blocks on arrival (fire-and-forget: vllm-mooncake, sglang)
     dispatch: c.protocol === 'colocated' ? 'colocated' : c.protocol === 'vllm' ? 'await' : 'fire-and-forget',
+    // false: the router read no engine signals (the study's scheduler: hideEngineSignals)
+    engineSignals: c.engineSignals !== false,
     ttftP50Ms: round(percentile(ttft, 50), 1),
     ttftP90Ms: round(percentile(ttft, 90), 1),
     tpotP90Ms: round(percentile(tpot, 90), 2),

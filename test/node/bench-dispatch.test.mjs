@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { agenticConfigs } from '../../bench/scenarios/agentic.mjs';
+import { agenticConfigs, hideEngineSignals } from '../../bench/scenarios/agentic.mjs';
 import { startSimCluster } from '../../sim/cluster.mjs';
 
 // Await vs fire-and-forget dispatch (issue 22): the study ran its PD rows in await mode (prefill
@@ -14,6 +14,14 @@ describe('the agentic configurations dispatch as the study did', () => {
     expect(rows['pd-4p4d/cache_aware'].protocol).toBe('vllm');
     expect(rows['pd-6p2d/cache_aware'].protocol).toBe('vllm');
     expect(rows['pd-6p2d/fire-and-forget']).toMatchObject({ protocol: 'vllm-mooncake', nodes: { prefill: 6, decode: 2 }, enabled: false });
+  });
+
+  it("the study's rows decide as its scheduler, reading no engine signals; the router's own policies read them", () => {
+    const study = ['colocated-8/round_robin', 'colocated-8/cache_aware', 'pd-4p4d/cache_aware', 'pd-6p2d/cache_aware', 'pd-6p2d/fire-and-forget'];
+    for (const c of agenticConfigs()) {
+      if (study.includes(c.name)) expect(c.engineSignals, c.name).toBe(false);
+      else expect(c.engineSignals, c.name).toBeUndefined();
+    }
   });
 });
 
@@ -61,6 +69,17 @@ describe('what the dispatch does to a decode node’s KV memory', () => {
     const p = await post('p0', { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, transfer_id: 'ff-1' } }, 'ff');
     expect(p.status).toBe(200);
     expect((await d).status).toBe(200);
+  });
+
+  it("hidden signals: the engines' /metrics answers 404 (the router fails open, as the study's scheduler that read none), while the bench still reads their KV", async () => {
+    const metrics = async () => (await fetch(`${eng('d0').url}/metrics`)).status;
+    expect(await metrics()).toBe(200);
+    hideEngineSignals({ cluster });
+    expect(await metrics()).toBe(404);
+    expect(await (await fetch(`${eng('p0').url}/metrics`)).text()).not.toContain('kv_cache_usage');
+    expect(Number.isFinite(eng('d0').stats().kvUsage)).toBe(true);
+    for (const e of cluster.engines.values()) /** @type {any} */ (e).setMetricsFault({ mode: 'none' });
+    expect(await metrics()).toBe(200);
   });
 
   it('await: the decode node takes no blocks while P prefills, only once P answered', async () => {
