@@ -316,11 +316,13 @@ export function diagnostics(runs) {
       ? `${b.kvWaitShare} (TTFT p50 ${r3(b.ttftP50Ms / 1000)} s; after P: ${r3(b.ttftBreakdown.handoffMs / 1000)} s of a ${r3(b.ttftBreakdown.ttftMeanMs / 1000)} s mean, ${r3(b.ttftBreakdown.handoffKvMs / 1000)} s waiting for KV)`
       : 'not run',
   });
-  // the main run's 6P+2D: with the router's decode KV guard (kvBusy) a request waits for decode KV
-  // at the edge, where the study's, with no such guard, waited inside an engine
+  // the main run's 6P+2D: read as the study's scheduler (no engine signals: agentic.mjs
+  // hideEngineSignals) a request waits for decode KV inside an engine, as the study's did; with the
+  // router's decode KV guard (runs before, or a row with signals) it waits at the edge instead
   const m = ag['pd-6p2d/cache_aware'];
+  const guarded = m?.engineSignals !== false;
   out.push({
-    what: "share of TTFT waiting for decode KV, 6P+2D (main run): inside the engines + at the router's edge (its decode KV guard)",
+    what: `share of TTFT waiting for decode KV, 6P+2D (main run${guarded ? ', the router reading engine signals' : ', the router reading no engine signals, as the study'}): inside the engines + at the router's edge (its decode KV guard)`,
     published: 'not published for the main run; the breakdown run: 0.877, inside the engines (no router guard)',
     ours: m
       ? `${m.kvWaitShare} + ${m.edgeWaitShare ?? 0} (${m.edgeQueued ?? 0} of ${m.completed} requests held at the edge, p90 ${r3((m.edgeQueueP90Ms ?? 0) / 1000)} s)`

@@ -105,5 +105,13 @@ describe('the figures judged on their own', () => {
     };
     const row = diagnostics({ agentic }).find((d) => d.what.includes('main run') && d.what.includes('waiting for decode KV'));
     expect(row?.ours).toBe('0.02 + 0.57 (84 of 1000 requests held at the edge, p90 173.575 s)');
+    expect(row?.what).toContain('the router reading engine signals');
+  });
+
+  it("say when the row was run as the study's scheduler, reading no engine signals", () => {
+    const agentic = { results: [{ name: 'pd-6p2d/cache_aware', engineSignals: false, kvWaitShare: 0.53, edgeWaitShare: 0, edgeQueued: 0, completed: 1000, edgeQueueP90Ms: 0 }] };
+    const row = diagnostics({ agentic }).find((d) => d.what.includes('main run') && d.what.includes('waiting for decode KV'));
+    expect(row?.what).toContain('reading no engine signals, as the study');
+    expect(row?.ours).toBe('0.53 + 0 (0 of 1000 requests held at the edge, p90 0 s)');
   });
 });
