@@ -51,7 +51,7 @@ tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --un
   runs-spread --files A.json,B.json,... --baseline ROW [--labels a,b,...]: several agentic or multiturn runs
               side by side: each row's median and range, and its ratio to ROW of the same run (in how many
               runs at or better); runs nothing itself
-  docs        rebuilds the results blocks of docs/benchmark.md from bench/results/*.json; runs nothing itself
+  docs        rebuilds the results blocks of docs/benchmark-results.md from bench/results/*.json; runs nothing itself
   chart       --json PATH: re-draw the SVG of an earlier run
 
 common options:

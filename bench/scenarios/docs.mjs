@@ -1,4 +1,5 @@
-// `npm run bench -- docs`: rebuilds every results block of docs/benchmark.md from the committed
+// `npm run bench -- docs`: rebuilds every results block of docs/benchmark.md and
+// docs/benchmark-results.md from the committed
 // JSON in bench/results/ (issue 26: tables of numbers are generated, never typed twice). A block
 // is the lines between
 //   <!-- generated from bench/results/X.json by npm run bench -- docs: do not edit by hand -->
@@ -20,6 +21,10 @@ import { traceMarkdown } from './trace.mjs';
 
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const BENCHMARK_DOC = path.join(REPO, 'docs', 'benchmark.md');
+/** each scenario's section with its committed run's tables (split from benchmark.md) */
+export const BENCHMARK_RESULTS_DOC = path.join(REPO, 'docs', 'benchmark-results.md');
+/** the pages whose results blocks `npm run bench -- docs` rebuilds */
+export const BENCHMARK_DOCS = [BENCHMARK_DOC, BENCHMARK_RESULTS_DOC];
 export const RESULTS_DIR = path.join(REPO, 'bench', 'results');
 
 /** A scenario's tables from its report, by the report's `scenario`. */
@@ -83,9 +88,12 @@ export function resultsReader(dir) {
 /** @param {Record<string, string | true>} options */
 export async function runDocs(options) {
   const dir = stringOption(options, 'dir') ?? RESULTS_DIR;
-  const doc = readFileSync(BENCHMARK_DOC, 'utf8');
-  const next = regenerate(doc, resultsReader(dir));
-  if (next !== doc) writeFileSync(BENCHMARK_DOC, next);
-  const names = blockNames(next);
-  return { table: `docs/benchmark.md: ${names.length} results blocks (${names.join(', ')}), ${next === doc ? 'unchanged' : 'rewritten'}` };
+  const lines = BENCHMARK_DOCS.map((file) => {
+    const doc = readFileSync(file, 'utf8');
+    const next = regenerate(doc, resultsReader(dir));
+    if (next !== doc) writeFileSync(file, next);
+    const names = blockNames(next);
+    return `docs/${path.basename(file)}: ${names.length} results blocks${names.length ? ` (${names.join(', ')})` : ''}, ${next === doc ? 'unchanged' : 'rewritten'}`;
+  });
+  return { table: lines.join('\n') };
 }

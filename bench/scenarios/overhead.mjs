@@ -339,7 +339,7 @@ export async function runOverhead(options) {
 }
 
 /**
- * The per-policy figures docs/benchmark.md quotes: at concurrency 16 and 64, with ratios.
+ * The per-policy figures docs/benchmark.md and benchmark-results.md quote: at concurrency 16 and 64, with ratios.
  * @param {any[]} levelsOut
  */
 export function headline(levelsOut) {

@@ -37,7 +37,7 @@ export const MIN_PREDICTED_BLOCKS = 2;
  * Answers in a row that found at most a quarter of a well-predicted prefix before the node counts
  * as having lost its cache: a restart or reset empties it for every prefix at once, while an LRU
  * eviction of one long-idle conversation is a miss among hits. Measured on the Mooncake trace
- * (docs/benchmark.md, the trace with a restart): 3 in a row judged only the restarted node lost with 5,000-block
+ * (docs/benchmark-results.md, the trace with a restart): 3 in a row judged only the restarted node lost with 5,000-block
  * caches (2 in a row also fired on four nodes that had only evicted); under heavy eviction
  * (1,000 blocks) it fires often, and that keeps the index near what the engines hold.
  */
@@ -57,7 +57,7 @@ export function judge(predictedBlocks: number, heldBlocks: number, zeroMeansZero
   if (heldBlocks === 0 && !zeroMeansZero) return "unjudged";
   // Far less than predicted: at most a quarter of it. Not "none": after a restart the prompt every
   // request shares (a system prompt) is cached again at once, so a restarted node's answers still
-  // find its first block or two (measured on the Mooncake trace: docs/benchmark.md, the trace with a restart).
+  // find its first block or two (measured on the Mooncake trace: docs/benchmark-results.md, the trace with a restart).
   return heldBlocks <= predictedBlocks / 4 ? "miss" : "partial";
 }
 

@@ -1,17 +1,27 @@
-// docs/benchmark.md's results blocks are generated from the committed JSON in bench/results/ by
-// `npm run bench -- docs` (issue 26): a new run committed without regenerating, or a hand edit
+// docs/benchmark-results.md's results blocks (and any in docs/benchmark.md) are generated from the
+// committed JSON in bench/results/ by `npm run bench -- docs` (issue 26): a new run committed without regenerating, or a hand edit
 // inside a block, fails here until the page says what the JSON says.
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { BENCHMARK_DOC, RESULTS_DIR, beginMarker, blockNames, regenerate, resultsReader } from '../../bench/scenarios/docs.mjs';
+import { BENCHMARK_DOC, BENCHMARK_DOCS, BENCHMARK_RESULTS_DOC, RESULTS_DIR, beginMarker, blockNames, regenerate, resultsReader } from '../../bench/scenarios/docs.mjs';
 
 const doc = readFileSync(BENCHMARK_DOC, 'utf8');
 const read = resultsReader(RESULTS_DIR);
 
-describe('docs/benchmark.md: the results tables are the committed JSON', () => {
+describe("docs/benchmark-results.md holds the scenarios' tables", () => {
+  it('one generated block a committed run, the agentic and trace runs among them', () => {
+    const names = blockNames(readFileSync(BENCHMARK_RESULTS_DOC, 'utf8'));
+    expect(names).toContain('agentic');
+    expect(names).toContain('trace-8');
+    expect(names.length).toBeGreaterThan(10);
+  });
+});
+
+describe.each(BENCHMARK_DOCS.map((file) => [path.relative(path.join(RESULTS_DIR, '..', '..'), file), file]))('%s: the results tables are the committed JSON', (_, file) => {
+  const doc = readFileSync(file, 'utf8');
+
   it('every generated block is what npm run bench -- docs writes from bench/results/', () => {
-    expect(blockNames(doc).length).toBeGreaterThan(0);
     // compared block by block, so a failure names the block that is out of date
     const regenerated = regenerate(doc, read);
     for (const name of blockNames(doc)) {
@@ -36,7 +46,7 @@ describe('docs/benchmark.md: the results tables are the committed JSON', () => {
   });
 
   it('a hand edit inside a block is undone, text outside the blocks is kept', () => {
-    const [name] = blockNames(doc);
+    const [name] = blockNames(readFileSync(BENCHMARK_RESULTS_DOC, 'utf8'));
     const edited = `intro kept\n\n${beginMarker(name)}\n\n| a hand-typed | table |\n\n<!-- end of generated ${name} -->\n\noutro kept\n`;
     const out = regenerate(edited, read);
     expect(out).not.toContain('hand-typed');

@@ -6,7 +6,7 @@ withoutFileEngines();
 
 // The benchmark's "without feedback" (TEST_CACHE_FEEDBACK=count_only): the same answers are
 // counted and judged, but a node that lost its cache is never reported as such, so its prefix
-// index entries stay (the comparison in docs/benchmark.md, trace with evictions and a restart).
+// index entries stay (the comparison in docs/benchmark-results.md, trace with evictions and a restart).
 
 const prediction: CachePrediction = {
   node: "n0",
