@@ -1,7 +1,6 @@
-// `npm run bench -- docs`: rebuilds every results block of docs/benchmark.md and
-// docs/benchmark-results.md from the committed
-// JSON in bench/results/ (issue 26: tables of numbers are generated, never typed twice). A block
-// is the lines between
+// `npm run bench -- docs`: rebuilds every results block of docs/benchmark-results.md (and of
+// docs/benchmark.md, which has none since the split) from the committed JSON in bench/results/
+// (issue 26: tables of numbers are generated, never typed twice). A block is the lines between
 //   <!-- generated from bench/results/X.json by npm run bench -- docs: do not edit by hand -->
 //   <!-- end of generated X -->
 // and holds the command that made X.json, when it finished and the machine's load then, and the
