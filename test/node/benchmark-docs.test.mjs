@@ -88,6 +88,16 @@ describe("docs/benchmark.md's 'Results in short': the figures it quotes are the 
     expect(line).toContain(`(${f3(large[0].hitRatio)} / ${f3(large[1].hitRatio)})`);
   });
 
+  it("agentic: the lever's hit ratio and TTFT, and 6P+2D's decode KV peak, waits and mean against the closed loop's ceiling", () => {
+    const by = Object.fromEntries(json('agentic').results.map((/** @type {any} */ r) => [r.name, r]));
+    const [ca, rr, pd] = [by['colocated-8/cache_aware'], by['colocated-8/round_robin'], by['pd-6p2d/cache_aware']];
+    const line = row('agentic (seed 002)');
+    expect(line).toContain(`APC ${f3(ca.hitRatio)} against ${f3(rr.hitRatio)}, TTFT p50 ${(ca.ttftP50Ms / 1000).toFixed(2)} s against ${(rr.ttftP50Ms / 1000).toFixed(2)} s`);
+    expect(pd.engineSignals).toBe(false);
+    expect(line).toContain(`decode KV peaks at ${pd.decodeKvPeak.toFixed(1)} and ${Math.round(pd.kvWaitShare * 100)}% of its TTFT waits`);
+    expect(line).toContain(`its mean is ${pd.decodeKvMean.toFixed(2)} (the closed loop of 8 sessions allows ${pd.decodeKvCeiling.mean.toFixed(2)})`);
+  });
+
   it('overhead: CPU and memory against the baseline Worker, failures, legs closed, the decision cost', () => {
     const o = json('overhead');
     const levels = o.results.flatMap((/** @type {any} */ r) => r.levels);
