@@ -5,7 +5,7 @@
 // P failed (502), and P's failure counts against P. The engines are scripted Node servers: P
 // fails only once D has streamed three events, which the simulator cannot time on purpose.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RawClient, expectReleased, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { RawClient, expectOneLogLine, expectReleased, startRig, until, type Rig } from "./lifecycle-harness";
 import { closed, sseHead, startScriptedEngine, wait, writeDrained, type ScriptedEngine, type ScriptedRequest } from "./scripted-engine";
 import { seededRandom } from "../support/seeded";
 
@@ -132,19 +132,6 @@ const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `h
 const p0 = async () => (await rig.adminStatus()).nodes.find((n) => n.id === "p0")!;
 const d0 = async () => (await rig.adminStatus()).nodes.find((n) => n.id === "d0")!;
 
-async function logLine(id: string): Promise<Record<string, unknown>> {
-  await until(
-    `log line of ${id}`,
-    async () => rig.requestLogs(id).length,
-    (n) => n > 0,
-    3000,
-  );
-  await sleep(300);
-  const logs = rig.requestLogs(id);
-  expect(logs).toHaveLength(1);
-  return logs[0]!;
-}
-
 /** One streamed request whose P fails (as `f`) after D's first events: what the client, D, the log and the counters saw. */
 async function prefillFailsMidStream(f: PrefillFault, what: string, reset = true) {
   if (reset) await goodRequest();
@@ -171,7 +158,7 @@ async function prefillFailsMidStream(f: PrefillFault, what: string, reset = true
     10000,
   );
   expect(d.requests.slice(dRequests)).toHaveLength(1);
-  const log = await logLine(id);
+  const log = await expectOneLogLine(rig, id);
   expect(log).toMatchObject({ status: 502, outcome: "error" });
   expect(String(log.error)).toMatch(/prefill node p0/);
   // P's failure counts against P, D's leg (aborted because of P) not against D

@@ -14,7 +14,7 @@
 // The engines are scripted Node servers, each answering as the engine it stands for.
 import type http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
+import { expectOneLogLine, expectReleased, request, sleep, startRig, until, type Rig } from "./lifecycle-harness";
 import { sseHead, startScriptedEngine, wait, writeDrained, type ScriptedEngine, type ScriptedRequest } from "./scripted-engine";
 import { seededRandom } from "../support/seeded";
 
@@ -155,24 +155,11 @@ const chat = () => ({ model: "sim-model", messages: [{ role: "user", content: `h
 const failures = async () => Object.fromEntries((await rig.adminStatus()).nodes.map((n) => [n.id, n.failuresTotal]));
 const streams = (id: string) => engines[id]!.requests.filter((r) => r.body && r.json.model === "sim-model").length;
 
-async function logLine(id: string): Promise<Record<string, unknown>> {
-  await until(
-    `log line of ${id}`,
-    async () => rig.requestLogs(id).length,
-    (n) => n > 0,
-    3000,
-  );
-  await sleep(300);
-  const logs = rig.requestLogs(id);
-  expect(logs).toHaveLength(1);
-  return logs[0]!;
-}
-
 /** A streamed chat request over its own connection: status, body, log line. */
 async function streamed(what: string) {
   const id = newId(what);
   const res = await request(rig.url, { body: chat(), headers: { "x-request-id": id } });
-  return { ...res, log: await logLine(id) };
+  return { ...res, log: await expectOneLogLine(rig, id) };
 }
 
 describe("D's first event is an error: nothing reached the client, so the attempt fails over", () => {
