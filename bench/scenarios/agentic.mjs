@@ -79,7 +79,7 @@ export function agenticConfig(options) {
     sessionsPerS: numberOption(options, 'sessions-per-s', 1),
     // the study's --max-inflight-sessions 8: a session starts when one of 8 slots is free (0: no cap)
     maxInflightSessions: numberOption(options, 'max-inflight-sessions', 8),
-    // the headline (no flags): every configuration at once, each 5-7 minutes at 0.04 (the
+    // the headline (no flags): every configuration at once, each 4-7 minutes at 0.04 (the
     // engines' ~5,000 simulated seconds plus the router's real time between a session's turns;
     // docs/simulator.md)
     timeScale: numberOption(options, 'time-scale', quick ? 0.01 : 0.04),
