@@ -18,10 +18,11 @@ const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..
 /**
  * The gzip budget in KiB: 50 was issue 18's goal; 64 since the round that adds the predicted
  * decision, tiers and the capped fan-out (issues 23-25); 65 since the predicted decision prices a
- * new sequence's decode load (2026-12-03, +0.25 KiB, over 64 by 0.13), still 2% of the Free plan's
- * 3 MiB (developers.cloudflare.com/workers/platform/limits/#worker-size). Raise it only knowingly.
+ * new sequence's decode load (2026-12-03, +0.25 KiB, over 64 by 0.13); 66 since it prices each
+ * running prefill at its own context (2026-12-03, stop 39, over 65 by 0.09), still 2% of the Free
+ * plan's 3 MiB (developers.cloudflare.com/workers/platform/limits/#worker-size). Raise it only knowingly.
  */
-export const BUDGET_GZIP_KIB = 65;
+export const BUDGET_GZIP_KIB = 66;
 
 /** No internet on CI: wrangler must not phone home. */
 const CHILD_ENV = { ...process.env, WRANGLER_SEND_METRICS: 'false', CLOUDFLARE_CF_FETCH_ENABLED: 'false', NO_COLOR: '1', FORCE_COLOR: '0' };

@@ -74,6 +74,12 @@ export interface PredictedNode {
   /** prefill tokens running on the node (router leases) and the requests they belong to */
   prefillTokens: number;
   prefillRequests: number;
+  /**
+   * their cost in tokens at context 0, each at its own context (an 80k-token prompt queued costs
+   * ~5x its tokens, a short follow-up turn little more than its own); absent: their tokens at this
+   * request's context
+   */
+  prefillCost?: number;
   /** the engine's waiting requests (projected), null without a fresh poll */
   waiting: number | null;
   /**
@@ -119,9 +125,14 @@ export function queuedTokens(n: PredictedNode, size: RequestSize): number {
   return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaiting(n) * waitingSizeOf(n, size));
 }
 
-/** ms of the node's queue before this request: its prefill work, and on a decode-only node the pulls of the legs waiting for their KV. */
+/**
+ * ms of the node's queue before this request: its running prefills at their own context (their
+ * cost), waiting requests it did not send at this request's, and on a decode-only node the pulls
+ * of the legs waiting for their KV.
+ */
 function queueMsOf(n: PredictedNode, size: RequestSize, contextFactor: number): number {
-  const prefill = queuedTokens(n, size) * n.rates.prefillMsPerToken * contextFactor;
+  const running = n.prefillCost ?? Math.max(0, n.prefillTokens) * contextFactor;
+  const prefill = (Math.max(0, running) + (queuedTokens(n, size) - Math.max(0, n.prefillTokens)) * contextFactor) * n.rates.prefillMsPerToken;
   return n.decodeOnly ? prefill + unknownWaiting(n) * waitingSizeOf(n, size) * n.rates.transferMsPerToken : prefill;
 }
 
@@ -135,7 +146,7 @@ export function ownPrefillMs(rates: NodeRates, size: RequestSize): number {
 /** ms until the node has prefilled this request: what is queued there, then its own. */
 export function prefillDoneMs(n: PredictedNode, size: RequestSize): number {
   const cached = Math.max(0, size.promptTokens - size.uncachedTokens);
-  // the queue at this request's context: the requests of a pool are alike in size
+  // waiting requests the router did not send at this request's context: it knows nothing of theirs
   return queueMsOf(n, size, prefillContextFactor(cached)) + ownPrefillMs(n.rates, size);
 }
 
@@ -157,7 +168,7 @@ export interface DecodeSide {
 export function decodeSide(d: PredictedNode, onD: RequestSize): DecodeSide {
   return {
     transferMs: d.rates.handoffMs + Math.max(0, onD.uncachedTokens) * d.rates.transferMsPerToken,
-    queueMs: queueMsOf(d, onD, 1),
+    queueMs: queueMsOf(d, onD, prefillContextFactor(Math.max(0, onD.promptTokens - onD.uncachedTokens))),
     stepMs: stepMsOf(d),
   };
 }

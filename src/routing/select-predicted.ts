@@ -232,6 +232,7 @@ function predictedNode(n: CandidateNode, decodeOnly = false): PredictedNode {
   return {
     rates: n.rates ?? DEFAULT_RATES,
     prefillTokens: n.prefillTokens ?? 0,
+    ...(n.prefillCost !== undefined ? { prefillCost: n.prefillCost } : {}),
     prefillRequests: n.prefillRequests ?? 0,
     waiting: n.signals?.queue ?? null,
     decoding: n.decoding ?? 0,

@@ -88,6 +88,8 @@ export interface CandidateNode {
   /** prefill tokens running on the node and their requests, whatever role ran them (a local prefill's D too) */
   prefillTokens?: number;
   prefillRequests?: number;
+  /** those prefills' cost in tokens at context 0 (each at its own context: state/leases.ts prefillCostOf) */
+  prefillCost?: number;
   /** sequences decoding on the node (its decode leases), and their prompt tokens */
   decoding?: number;
   decodingTokens?: number;

@@ -326,7 +326,7 @@ export class ClusterState extends DurableObject {
     if (prediction && usesCacheAware(cluster.policy)) this.#stats.countPrefix(req.prefixHashes.length, prediction.matched);
     const leaseId = req.leaseId ?? this.#leases.newId(now);
     const lease = routedLease(req, decision, input.colocated, now + this.#leases.ttlMs, prediction);
-    lease.timing = leaseTimings(req, decision, this.#leases.loadOf(decision.mode === "disaggregated" ? decision.prefill.id : d)?.prefillTokens ?? 0);
+    lease.timing = leaseTimings(req, decision, this.#leases.loadOf(decision.mode === "disaggregated" ? decision.prefill.id : d)?.prefillCost ?? 0);
     this.#leases.take(leaseId, lease);
     this.signals.dispatched(d, lease.tokens);
     // in half-open, this request is the node's one trial (a local prefill's P is D itself)

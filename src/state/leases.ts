@@ -1,3 +1,4 @@
+import { prefillContextFactor } from "../routing/predict";
 import type { Decision, PdMode, Role } from "../routing/types";
 import { BoundedMap } from "./bounded-map";
 import type { CachePrediction } from "./cache-feedback";
@@ -36,7 +37,7 @@ export interface NodeLease {
 export interface LeaseTiming {
   /** the node that prefills: P when disaggregated, else D */
   prefiller: string;
-  /** prefill tokens already running on it when the request was routed */
+  /** prefill work already running on it when the request was routed (its cost: tokens at context 0, NodeLoad.prefillCost) */
   aheadTokens: number;
   /** the prompt's tokens and those the prefilling node was predicted to hold (the engine's answer replaces them) */
   promptTokens: number;
@@ -74,6 +75,11 @@ export interface NodeLoad {
   tokens: number;
   /** uncached prompt tokens of the prefills running on it (prefill work) */
   prefillTokens: number;
+  /**
+   * the same prefills' cost, in tokens at context 0: each one's tokens times attention over its own
+   * context (predict.ts prefillContextFactor), so a queued 80k-token prompt weighs what it takes
+   */
+  prefillCost: number;
   requestsPrefill: number;
   requestsDecode: number;
   /** decode leases on it whose P (another node) has not answered yet, and their KV tokens: under the await protocol its engine has not got them */
@@ -81,8 +87,23 @@ export interface NodeLoad {
   awaitingTokens: number;
 }
 
-export const newLoad = (): NodeLoad => ({ prefill: 0, decode: 0, tokens: 0, prefillTokens: 0, requestsPrefill: 0, requestsDecode: 0, awaiting: 0, awaitingTokens: 0 });
+export const newLoad = (): NodeLoad => ({
+  prefill: 0,
+  decode: 0,
+  tokens: 0,
+  prefillTokens: 0,
+  prefillCost: 0,
+  requestsPrefill: 0,
+  requestsDecode: 0,
+  awaiting: 0,
+  awaitingTokens: 0,
+});
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
+/** A lease's prefill work at context 0: its uncached tokens over the part of its prompt cached before them. */
+export const prefillCostOf = (lease: NodeLease): number => {
+  const work = prefillWorkOf(lease);
+  return work * prefillContextFactor(Math.max(0, lease.tokens - work) + work / 2);
+};
 
 /**
  * A lease expires this long after it was taken or last renewed (LEASE_TTL_MS var): a live
@@ -169,8 +190,8 @@ export class LeaseTable {
   /** Takes a lease: P (if any) and D each count one more request; P its prefill work, D its KV tokens. */
   take(id: string, lease: NodeLease): void {
     this.#leases.set(id, lease);
-    if (lease.prefill) this.#add(lease.prefill, "prefill", prefillWorkOf(lease));
-    this.#add(lease.decode, "decode", lease.tokens);
+    if (lease.prefill) this.#add(lease.prefill, "prefill", prefillWorkOf(lease), prefillCostOf(lease));
+    this.#add(lease.decode, "decode", lease.tokens, 0);
     this.#awaiting(lease, 1);
   }
 
@@ -191,7 +212,7 @@ export class LeaseTable {
     const lease = this.#leases.get(id);
     if (lease?.prefill !== node) return false;
     this.#awaiting(lease, -1);
-    this.#remove(node, "prefill", prefillWorkOf(lease));
+    this.#remove(node, "prefill", prefillWorkOf(lease), prefillCostOf(lease));
     lease.prefill = null;
     return true;
   }
@@ -202,9 +223,10 @@ export class LeaseTable {
     if (!lease) return undefined;
     const from = role === "prefill" ? lease.prefill : lease.decode;
     const tokens = role === "decode" ? lease.tokens : prefillWorkOf(lease);
+    const cost = role === "decode" ? 0 : prefillCostOf(lease);
     this.#awaiting(lease, -1);
-    if (from) this.#remove(from, role, tokens);
-    this.#add(next, role, tokens);
+    if (from) this.#remove(from, role, tokens, cost);
+    this.#add(next, role, tokens, cost);
     if (role === "prefill") lease.prefill = next;
     else lease.decode = next;
     this.#awaiting(lease, 1);
@@ -245,8 +267,8 @@ export class LeaseTable {
     if (!lease) return null;
     this.#leases.delete(id);
     this.#awaiting(lease, -1);
-    if (lease.prefill) this.#remove(lease.prefill, "prefill", prefillWorkOf(lease));
-    this.#remove(lease.decode, "decode", lease.tokens);
+    if (lease.prefill) this.#remove(lease.prefill, "prefill", prefillWorkOf(lease), prefillCostOf(lease));
+    this.#remove(lease.decode, "decode", lease.tokens, 0);
     return lease;
   }
 
@@ -294,21 +316,25 @@ export class LeaseTable {
     load.awaitingTokens = Math.max(0, load.awaitingTokens + sign * lease.tokens);
   }
 
-  #add(node: string, role: Role, tokens: number): void {
+  #add(node: string, role: Role, tokens: number, cost: number): void {
     const load = this.#load.get(node) ?? newLoad();
     this.#load.set(node, load);
     load[role] += 1;
-    if (role === "prefill") load.prefillTokens += tokens;
-    else load.tokens += tokens;
+    if (role === "prefill") {
+      load.prefillTokens += tokens;
+      load.prefillCost += cost;
+    } else load.tokens += tokens;
     if (role === "prefill") load.requestsPrefill += 1;
     else load.requestsDecode += 1;
   }
 
-  #remove(node: string, role: Role, tokens: number): void {
+  #remove(node: string, role: Role, tokens: number, cost: number): void {
     const load = this.#load.get(node);
     if (!load) return;
     load[role] = Math.max(0, load[role] - 1);
-    if (role === "prefill") load.prefillTokens = Math.max(0, load.prefillTokens - tokens);
-    else load.tokens = Math.max(0, load.tokens - tokens);
+    if (role === "prefill") {
+      load.prefillTokens = Math.max(0, load.prefillTokens - tokens);
+      load.prefillCost = load[role] === 0 ? 0 : Math.max(0, load.prefillCost - cost);
+    } else load.tokens = Math.max(0, load.tokens - tokens);
   }
 }

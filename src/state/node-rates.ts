@@ -5,8 +5,8 @@ import { DEFAULT_PROFILE, type NodeRates, prefillContextFactor, profileRates, ty
 // - prefill: ms per uncached token at context 0, from a prefill leg's time (P's answer, or a
 //   local / colocated D's first byte less one decode step) over the work it covered — its own
 //   uncached tokens (the engine's prompt minus cached tokens when it reported them) plus the
-//   prefill tokens already running on the node when it was sent, each weighted by attention over
-//   the context (predict.ts prefillContextFactor);
+//   prefill work already running on the node when it was sent, each weighted by attention over
+//   its own context (predict.ts prefillContextFactor; leases.ts prefillCostOf);
 // - decode: ms a step against the batch (a line: the step of one sequence, plus ms a sequence),
 //   from the gaps between the tokens of a stream the relay passed and the sequences decoding on
 //   its node when it ended (a decayed least-squares fit, the prior two points on a flat line). An
@@ -54,7 +54,7 @@ export interface LegSample {
   decode: string;
   /** disaggregated: P then D, so D's first byte waited for the KV it lacked */
   disaggregated: boolean;
-  /** prefill tokens running on the prefilling node when the request was sent (its queue) */
+  /** prefill work running on the prefilling node when the request was sent (its queue), in tokens at context 0 (NodeLoad.prefillCost) */
   aheadTokens: number;
   /** the prompt's tokens and those the prefilling node had cached (the engine's, else the router's prediction) */
   promptTokens: number;
@@ -174,7 +174,7 @@ export class NodeRateTable {
       this.#output.weight += 1;
     }
     const uncached = Math.max(0, s.promptTokens - s.cachedTokens);
-    const work = (Math.max(0, s.aheadTokens) + uncached) * prefillContextFactor(s.cachedTokens + uncached / 2);
+    const work = Math.max(0, s.aheadTokens) + uncached * prefillContextFactor(s.cachedTokens + uncached / 2);
     if (s.disaggregated) {
       if (s.prefillMs !== undefined && s.prefillMs > 0 && uncached > 0) this.#add(s.prefiller, "prefill", s.prefillMs, work, now);
       if (s.ttftMs !== undefined && s.transferTokens > 0) {

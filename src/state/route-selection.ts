@@ -131,6 +131,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
     load: load ? load[role] : 0,
     work: role === "prefill" ? (load?.prefillTokens ?? 0) : (load?.tokens ?? 0),
     prefillTokens: load?.prefillTokens ?? 0,
+    prefillCost: load?.prefillCost ?? 0,
     prefillRequests: load?.prefill ?? 0,
     decoding: load?.decode ?? 0,
     decodingTokens: load?.tokens ?? 0,

@@ -57,6 +57,24 @@ describe("predicted TTFT (pure)", () => {
     );
   });
 
+  it("prices the prefills running on a node at their own context, not this request's", () => {
+    // an 80k-token cold prompt prefilling ahead: its cost (leases.ts prefillCostOf) at 10,000 tokens/s
+    const cost = 80_000 * (1 + 40_000 / ATTENTION_CONTEXT_TOKENS);
+    const short = { promptTokens: 500, uncachedTokens: 500 };
+    const own = prefillDoneMs(node(), short);
+    expect(prefillDoneMs(node({ prefillTokens: 80_000, prefillRequests: 1, prefillCost: cost }), short) - own).toBeCloseTo(cost / 10);
+    // without a cost the tokens count at this request's context (a short cold one: barely more than their count)
+    expect(prefillDoneMs(node({ prefillTokens: 80_000, prefillRequests: 1 }), short) - own).toBeCloseTo(8_000);
+    // D's queue too: a pair whose D runs that prefill waits for it (FCFS), at its cost
+    const onD = { promptTokens: 500, uncachedTokens: 500 };
+    const busyD = remoteTtftMs(node(), short, node({ prefillTokens: 80_000, prefillRequests: 1, prefillCost: cost }), onD);
+    expect(busyD).toBeGreaterThanOrEqual(cost / 10);
+    // waiting requests the router did not send are still sized and priced at this request's context
+    const waitingOnly = prefillDoneMs(node({ prefillCost: 0, waiting: 1 }), { promptTokens: 21_000, uncachedTokens: 1_000 });
+    const alone = prefillDoneMs(node(), { promptTokens: 21_000, uncachedTokens: 1_000 });
+    expect(waitingOnly - alone).toBeCloseTo(21_000 * 0.1 * (1 + 20_000 / ATTENTION_CONTEXT_TOKENS));
+  });
+
   it("P then D pays the transfer of what D lacks and D's step; D's own queue delays it only past P's prefill", () => {
     const onP = { promptTokens: 8000, uncachedTokens: 8000 };
     const warmD = { promptTokens: 8000, uncachedTokens: 0 };

@@ -1,6 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { DEFAULT_LEASE_TTL_MS, LeaseTable, leaseTtlMsOf, routedLease, type NodeLease } from "../../../src/state/leases";
+import { prefillContextFactor } from "../../../src/routing/predict";
+import { DEFAULT_LEASE_TTL_MS, LeaseTable, leaseTtlMsOf, prefillCostOf, routedLease, type NodeLease } from "../../../src/state/leases";
 import { decision, routeRequest } from "./fixtures";
 import { withoutFileEngines } from "../helpers";
 
@@ -57,6 +58,59 @@ describe("the lease table", () => {
           const awaiting = live.filter((l) => l.decode === n && l.prefill !== null && l.prefill !== n);
           expect(t.loadOf(n)?.awaiting ?? 0).toBe(awaiting.length);
           expect(t.loadOf(n)?.awaitingTokens ?? 0).toBe(awaiting.reduce((sum, l) => sum + l.tokens, 0));
+        }
+      }),
+    );
+  });
+
+  it("prices each prefill at its own context: a cold 80k-token prompt at ~5x its tokens, a 1k turn after 79k cached at ~9x its", () => {
+    expect(prefillCostOf(lease({ tokens: 80_000, prefillTokens: 80_000 }))).toBeCloseTo(80_000 * prefillContextFactor(40_000));
+    expect(prefillCostOf(lease({ tokens: 80_000, prefillTokens: 1_000 }))).toBeCloseTo(1_000 * prefillContextFactor(79_500));
+    expect(prefillContextFactor(40_000)).toBeGreaterThan(4.9);
+    const t = new LeaseTable(1_000);
+    t.take("cold", lease({ prefill: "p0", tokens: 80_000, prefillTokens: 80_000 }));
+    t.take("warm", lease({ prefill: "p0", tokens: 80_000, prefillTokens: 1_000 }));
+    // the same 81,000 tokens a plain count would give, costed as they run
+    expect(t.loadOf("p0")).toMatchObject({ prefillTokens: 81_000 });
+    expect(t.loadOf("p0")!.prefillCost).toBeCloseTo(80_000 * prefillContextFactor(40_000) + 1_000 * prefillContextFactor(79_500));
+    t.endPrefill("cold", "p0");
+    expect(t.loadOf("p0")!.prefillCost).toBeCloseTo(1_000 * prefillContextFactor(79_500));
+  });
+
+  it("a node's prefill cost is the sum of its running prefills' through any takes, answers, moves and releases, 0 with none (property)", () => {
+    const nodes = ["n0", "n1", "n2"];
+    const op = fc.oneof(
+      fc.record({
+        kind: fc.constant("take" as const),
+        id: fc.nat(5),
+        p: fc.constantFrom(null, ...nodes),
+        d: fc.constantFrom(...nodes),
+        tokens: fc.nat(100_000),
+        work: fc.nat(100_000),
+      }),
+      fc.record({ kind: fc.constant("answer" as const), id: fc.nat(5) }),
+      fc.record({ kind: fc.constant("move" as const), id: fc.nat(5), role: fc.constantFrom("prefill" as const, "decode" as const), to: fc.constantFrom(...nodes) }),
+      fc.record({ kind: fc.constant("release" as const), id: fc.nat(5) }),
+    );
+    fc.assert(
+      fc.property(fc.array(op, { maxLength: 40 }), (ops) => {
+        const t = new LeaseTable(1_000);
+        for (const o of ops) {
+          const id = `r${o.id}`;
+          if (o.kind === "take") {
+            if (!t.get(id)) t.take(id, lease({ prefill: o.p, decode: o.d, tokens: o.tokens, prefillTokens: Math.min(o.work, o.tokens) }));
+          } else if (o.kind === "answer") {
+            const p = t.get(id)?.prefill;
+            if (p) t.endPrefill(id, p);
+          } else if (o.kind === "move") t.move(id, o.role, o.to);
+          else t.release(id);
+        }
+        const live = [...Array(6).keys()].map((i) => t.get(`r${i}`)).filter((l): l is NodeLease => l !== undefined);
+        for (const n of nodes) {
+          const running = live.filter((l) => l.prefill === n);
+          const cost = running.reduce((sum, l) => sum + prefillCostOf(l), 0);
+          expect(t.loadOf(n)?.prefillCost ?? 0).toBeCloseTo(cost, 3);
+          if (running.length === 0) expect(t.loadOf(n)?.prefillCost ?? 0).toBe(0);
         }
       }),
     );
