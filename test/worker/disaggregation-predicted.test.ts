@@ -20,6 +20,7 @@ import {
   waitFor,
 } from "./signals-helpers";
 import { conversations } from "../support/conversation";
+import { ATTENTION_CONTEXT_TOKENS } from "../../src/routing/predict";
 
 useSignalsRig();
 
@@ -143,6 +144,31 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
     expect(d.d0.busy).toBe(true);
     expect(d.c0.busy).toBe(false);
     for (const r of held) expect(await r).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
+  });
+});
+
+describe("predicted: the prefills running on a node are priced at their own context", () => {
+  it("a long cold prompt prefilling on a both node weighs on every option through it at its own context, not the short request's", async () => {
+    const nodes = P_BOTH_D;
+    // p0's engine has a long queue of its own: the long prompt takes c0 as its P
+    await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
+    await putNodes(nodes, predicted());
+    await poll();
+    const long = chatBody(`${"the long cold prompt of an agent, ".repeat(5_000)}`);
+    const tokens = byId((await explain(long)).candidates.prefill).c0.uncachedTokens as number;
+    expect(tokens).toBeGreaterThan(30_000);
+    await engineFault("c0", { mode: "slow", delayMs: 4000, count: 1 });
+    const held = sendChat(long);
+    await waitFor("c0 prefilling the long prompt", snapshot, (s) => s.nodes.find((n) => n.id === "c0")!.inflight.prefill === 1);
+
+    const route = await explain(chatBody("a short question"));
+    const c0 = byId(route.candidates.prefill).c0;
+    // at the profile's 10,000 tokens/s: the long prompt's tokens with attention over their own
+    // context (x ~2.7 at ~34k tokens); priced at the short request's it was ~its tokens alone
+    const ownContext = tokens * (1 + tokens / 2 / ATTENTION_CONTEXT_TOKENS) * 0.1;
+    expect(c0.predictedTtftMs).toBeGreaterThanOrEqual(ownContext);
+    expect(c0.predictedTtftMs).toBeLessThan(ownContext * 1.2);
+    expect(await held).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
   });
 });
 

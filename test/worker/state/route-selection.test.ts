@@ -1,5 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
+import { prefillContextFactor } from "../../../src/routing/predict";
 import type { CandidateNode } from "../../../src/routing/types";
 import { onFailure } from "../../../src/state/health";
 import { candidateOf, routeInput, slimDecision } from "../../../src/state/route-selection";
@@ -76,6 +77,9 @@ describe("a candidate as the modules see it", () => {
     expect(d.signals).toEqual({ kvUsage: 0.5, queue: 2, ageMs: 100, kvCapacityTokens: 1_000, reported: reading({ kvUsage: 0.5, waiting: 2, kvCapacityTokens: 1_000 }) });
     const p = candidateOf(viewNode("p0", "prefill"), "prefill", 100, 15_000, m);
     expect(p).toMatchObject({ group: "node:p0", load: 1, work: 300, localPrefill: false, signals: null });
+    // its prefill's cost at its own context (400 cached before its 300 uncached: predicted TTFT's queue)
+    expect(p.prefillTokens).toBe(300);
+    expect(p.prefillCost).toBeCloseTo(300 * prefillContextFactor(400 + 150));
   });
 
   it("signals older than staleMs are none (selection falls back to leases)", () => {
