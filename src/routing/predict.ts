@@ -120,9 +120,12 @@ export function waitingSizeOf(n: PredictedNode, size: RequestSize): number {
   return decoding > 0 && n.decodingTokens !== undefined ? Math.max(0, n.decodingTokens) / decoding : Math.max(0, size.promptTokens);
 }
 
-/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (waitingSizeOf each; none on a decode-only node). */
+/** Tokens of the waiting requests the node's engine reports beyond the router's prefills (waitingSizeOf each). */
+const unknownWaitingTokens = (n: PredictedNode, size: RequestSize): number => unknownWaiting(n) * waitingSizeOf(n, size);
+
+/** Prefill tokens queued on the node before this request: its running prefills, and waiting requests it did not send (none on a decode-only node). */
 export function queuedTokens(n: PredictedNode, size: RequestSize): number {
-  return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaiting(n) * waitingSizeOf(n, size));
+  return Math.max(0, n.prefillTokens) + (n.decodeOnly ? 0 : unknownWaitingTokens(n, size));
 }
 
 /**
@@ -131,9 +134,10 @@ export function queuedTokens(n: PredictedNode, size: RequestSize): number {
  * of the legs waiting for their KV.
  */
 function queueMsOf(n: PredictedNode, size: RequestSize, contextFactor: number): number {
-  const running = n.prefillCost ?? Math.max(0, n.prefillTokens) * contextFactor;
-  const prefill = (Math.max(0, running) + (queuedTokens(n, size) - Math.max(0, n.prefillTokens)) * contextFactor) * n.rates.prefillMsPerToken;
-  return n.decodeOnly ? prefill + unknownWaiting(n) * waitingSizeOf(n, size) * n.rates.transferMsPerToken : prefill;
+  const running = Math.max(0, n.prefillCost ?? n.prefillTokens * contextFactor);
+  const waiting = unknownWaitingTokens(n, size);
+  // a decode-only node's waiting requests are legs pulling their KV, not prompts to prefill
+  return n.decodeOnly ? running * n.rates.prefillMsPerToken + waiting * n.rates.transferMsPerToken : (running + waiting * contextFactor) * n.rates.prefillMsPerToken;
 }
 
 /** ms of this request's own prefill on a node lacking `uncached` of its `prompt` tokens. */

@@ -361,7 +361,7 @@ export class ClusterState extends DurableObject {
         prefiller: t.prefiller,
         decode: lease.decode,
         disaggregated: lease.mode === "disaggregated",
-        aheadTokens: t.aheadTokens,
+        aheadCost: t.aheadCost,
         promptTokens: usage?.promptTokens ?? t.promptTokens,
         cachedTokens: usage ? usage.cachedTokens : t.predictedCached,
         transferTokens: t.transferTokens,

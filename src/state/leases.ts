@@ -37,8 +37,8 @@ export interface NodeLease {
 export interface LeaseTiming {
   /** the node that prefills: P when disaggregated, else D */
   prefiller: string;
-  /** prefill work already running on it when the request was routed (its cost: tokens at context 0, NodeLoad.prefillCost) */
-  aheadTokens: number;
+  /** prefill work already running on it when the request was routed: its cost, in tokens at context 0 (NodeLoad.prefillCost) */
+  aheadCost: number;
   /** the prompt's tokens and those the prefilling node was predicted to hold (the engine's answer replaces them) */
   promptTokens: number;
   predictedCached: number;
@@ -52,13 +52,13 @@ export interface LeaseTiming {
   key: string | null;
 }
 
-/** The timing of a request routed as `decision`, with `aheadTokens` running on its prefilling node. */
-export function leaseTimings(req: RouteRequest, decision: Decision, aheadTokens: number): LeaseTiming {
+/** The timing of a request routed as `decision`, with prefills of `aheadCost` running on its prefilling node. */
+export function leaseTimings(req: RouteRequest, decision: Decision, aheadCost: number): LeaseTiming {
   const t = decision.tokens;
   const disaggregated = decision.mode === "disaggregated";
   return {
     prefiller: disaggregated ? decision.prefill.id : decision.decode.id,
-    aheadTokens,
+    aheadCost,
     promptTokens: t.prompt,
     predictedCached: Math.max(0, t.prompt - t.prefillWork),
     transferTokens: disaggregated ? (t.uncachedOnDecode ?? t.prompt) : 0,
@@ -323,9 +323,11 @@ export class LeaseTable {
     if (role === "prefill") {
       load.prefillTokens += tokens;
       load.prefillCost += cost;
-    } else load.tokens += tokens;
-    if (role === "prefill") load.requestsPrefill += 1;
-    else load.requestsDecode += 1;
+      load.requestsPrefill += 1;
+    } else {
+      load.tokens += tokens;
+      load.requestsDecode += 1;
+    }
   }
 
   #remove(node: string, role: Role, tokens: number, cost: number): void {

@@ -55,7 +55,7 @@ export interface LegSample {
   /** disaggregated: P then D, so D's first byte waited for the KV it lacked */
   disaggregated: boolean;
   /** prefill work running on the prefilling node when the request was sent (its queue), in tokens at context 0 (NodeLoad.prefillCost) */
-  aheadTokens: number;
+  aheadCost: number;
   /** the prompt's tokens and those the prefilling node had cached (the engine's, else the router's prediction) */
   promptTokens: number;
   cachedTokens: number;
@@ -174,7 +174,7 @@ export class NodeRateTable {
       this.#output.weight += 1;
     }
     const uncached = Math.max(0, s.promptTokens - s.cachedTokens);
-    const work = Math.max(0, s.aheadTokens) + uncached * prefillContextFactor(s.cachedTokens + uncached / 2);
+    const work = Math.max(0, s.aheadCost) + uncached * prefillContextFactor(s.cachedTokens + uncached / 2);
     if (s.disaggregated) {
       if (s.prefillMs !== undefined && s.prefillMs > 0 && uncached > 0) this.#add(s.prefiller, "prefill", s.prefillMs, work, now);
       if (s.ttftMs !== undefined && s.transferTokens > 0) {

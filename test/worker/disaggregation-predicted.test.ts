@@ -247,7 +247,7 @@ describe("predicted: a new sequence's decode load on decode-only Ds", () => {
                   prefiller: "p0",
                   decode,
                   disaggregated: true,
-                  aheadTokens: 0,
+                  aheadCost: 0,
                   promptTokens: 0,
                   cachedTokens: 0,
                   transferTokens: 0,

@@ -18,6 +18,35 @@ const lease = (fields: Partial<NodeLease> = {}): NodeLease => ({
   ...fields,
 });
 
+const NODES = ["n0", "n1", "n2"];
+
+/** Takes, answers, moves and releases of leases r0..r5 over NODES; a take's prompt and prefill work up to `max` tokens. */
+const leaseOps = (max: number) =>
+  fc.oneof(
+    fc.record({ kind: fc.constant("take" as const), id: fc.nat(5), p: fc.constantFrom(null, ...NODES), d: fc.constantFrom(...NODES), tokens: fc.nat(max), work: fc.nat(max) }),
+    fc.record({ kind: fc.constant("answer" as const), id: fc.nat(5) }),
+    fc.record({ kind: fc.constant("move" as const), id: fc.nat(5), role: fc.constantFrom("prefill" as const, "decode" as const), to: fc.constantFrom(...NODES) }),
+    fc.record({ kind: fc.constant("release" as const), id: fc.nat(5) }),
+  );
+type LeaseOp = ReturnType<typeof leaseOps> extends fc.Arbitrary<infer T> ? T : never;
+
+/** The ops on a fresh table (a take of a live id skipped, an answer only while P runs): the table and its live leases. */
+function replay(ops: LeaseOp[]): { t: LeaseTable; live: NodeLease[] } {
+  const t = new LeaseTable(1_000);
+  for (const o of ops) {
+    const id = `r${o.id}`;
+    if (o.kind === "take") {
+      if (!t.get(id)) t.take(id, lease({ prefill: o.p, decode: o.d, tokens: o.tokens, prefillTokens: Math.min(o.work, o.tokens) }));
+    } else if (o.kind === "answer") {
+      const p = t.get(id)?.prefill;
+      if (p) t.endPrefill(id, p);
+    } else if (o.kind === "move") t.move(id, o.role, o.to);
+    else t.release(id);
+  }
+  const live = [...Array(6).keys()].map((i) => t.get(`r${i}`)).filter((l): l is NodeLease => l !== undefined);
+  return { t, live };
+}
+
 describe("the lease table", () => {
   it("counts a lease on P while its leg runs and on D until it is released, once", () => {
     const t = new LeaseTable(1_000);
@@ -33,28 +62,10 @@ describe("the lease table", () => {
   });
 
   it("counts on D the leases whose P (another node) has not answered, through any takes, answers, moves and releases (property)", () => {
-    const nodes = ["n0", "n1", "n2"];
-    const op = fc.oneof(
-      fc.record({ kind: fc.constant("take" as const), id: fc.nat(5), p: fc.constantFrom(null, ...nodes), d: fc.constantFrom(...nodes), tokens: fc.nat(1000) }),
-      fc.record({ kind: fc.constant("answer" as const), id: fc.nat(5) }),
-      fc.record({ kind: fc.constant("move" as const), id: fc.nat(5), role: fc.constantFrom("prefill" as const, "decode" as const), to: fc.constantFrom(...nodes) }),
-      fc.record({ kind: fc.constant("release" as const), id: fc.nat(5) }),
-    );
     fc.assert(
-      fc.property(fc.array(op, { maxLength: 40 }), (ops) => {
-        const t = new LeaseTable(1_000);
-        for (const o of ops) {
-          const id = `r${o.id}`;
-          if (o.kind === "take") {
-            if (!t.get(id)) t.take(id, lease({ prefill: o.p, decode: o.d, tokens: o.tokens }));
-          } else if (o.kind === "answer") {
-            const p = t.get(id)?.prefill;
-            if (p) t.endPrefill(id, p);
-          } else if (o.kind === "move") t.move(id, o.role, o.to);
-          else t.release(id);
-        }
-        const live = [...Array(6).keys()].map((i) => t.get(`r${i}`)).filter((l): l is NodeLease => l !== undefined);
-        for (const n of nodes) {
+      fc.property(fc.array(leaseOps(1000), { maxLength: 40 }), (ops) => {
+        const { t, live } = replay(ops);
+        for (const n of NODES) {
           const awaiting = live.filter((l) => l.decode === n && l.prefill !== null && l.prefill !== n);
           expect(t.loadOf(n)?.awaiting ?? 0).toBe(awaiting.length);
           expect(t.loadOf(n)?.awaitingTokens ?? 0).toBe(awaiting.reduce((sum, l) => sum + l.tokens, 0));
@@ -78,35 +89,10 @@ describe("the lease table", () => {
   });
 
   it("a node's prefill cost is the sum of its running prefills' through any takes, answers, moves and releases, 0 with none (property)", () => {
-    const nodes = ["n0", "n1", "n2"];
-    const op = fc.oneof(
-      fc.record({
-        kind: fc.constant("take" as const),
-        id: fc.nat(5),
-        p: fc.constantFrom(null, ...nodes),
-        d: fc.constantFrom(...nodes),
-        tokens: fc.nat(100_000),
-        work: fc.nat(100_000),
-      }),
-      fc.record({ kind: fc.constant("answer" as const), id: fc.nat(5) }),
-      fc.record({ kind: fc.constant("move" as const), id: fc.nat(5), role: fc.constantFrom("prefill" as const, "decode" as const), to: fc.constantFrom(...nodes) }),
-      fc.record({ kind: fc.constant("release" as const), id: fc.nat(5) }),
-    );
     fc.assert(
-      fc.property(fc.array(op, { maxLength: 40 }), (ops) => {
-        const t = new LeaseTable(1_000);
-        for (const o of ops) {
-          const id = `r${o.id}`;
-          if (o.kind === "take") {
-            if (!t.get(id)) t.take(id, lease({ prefill: o.p, decode: o.d, tokens: o.tokens, prefillTokens: Math.min(o.work, o.tokens) }));
-          } else if (o.kind === "answer") {
-            const p = t.get(id)?.prefill;
-            if (p) t.endPrefill(id, p);
-          } else if (o.kind === "move") t.move(id, o.role, o.to);
-          else t.release(id);
-        }
-        const live = [...Array(6).keys()].map((i) => t.get(`r${i}`)).filter((l): l is NodeLease => l !== undefined);
-        for (const n of nodes) {
+      fc.property(fc.array(leaseOps(100_000), { maxLength: 40 }), (ops) => {
+        const { t, live } = replay(ops);
+        for (const n of NODES) {
           const running = live.filter((l) => l.prefill === n);
           const cost = running.reduce((sum, l) => sum + prefillCostOf(l), 0);
           expect(t.loadOf(n)?.prefillCost ?? 0).toBeCloseTo(cost, 3);

@@ -11,7 +11,7 @@ const leg = (ms: number, tokens = 2000, extra: Partial<LegSample> = {}): LegSamp
   prefiller: "p0",
   decode: "d0",
   disaggregated: true,
-  aheadTokens: 0,
+  aheadCost: 0,
   promptTokens: tokens,
   cachedTokens: 0,
   transferTokens: tokens,
@@ -35,7 +35,7 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(t.view("p0", profile(), 5000).prefillMsPerToken).toBeCloseTo(0.2, 1);
     // 2,000 tokens queued ahead: the same leg time is half the rate
     const q = new NodeRateTable();
-    for (let i = 0; i < 50; i++) q.learn(leg(400 * factor, 2000, { aheadTokens: 2000 }), i * 100, profile);
+    for (let i = 0; i < 50; i++) q.learn(leg(400 * factor, 2000, { aheadCost: 2000 }), i * 100, profile);
     expect(q.view("p0", profile(), 5000).prefillMsPerToken).toBeLessThan(0.15);
   });
 
@@ -162,7 +162,7 @@ describe("learned rates: the prior first, then what the legs show", () => {
       fc.property(fc.array(fc.tuple(fc.double({ min: -1e6, max: 1e7, noNaN: true }), fc.nat(200_000), fc.nat(100_000), fc.nat(100_000)), { maxLength: 30 }), (samples) => {
         const t = new NodeRateTable();
         samples.forEach(([ms, tokens, cached, ahead], i) =>
-          t.learn(leg(ms, tokens, { cachedTokens: cached, aheadTokens: ahead, ttftMs: ms, streamEvents: tokens, streamSpanMs: ms }), i * 10, profile),
+          t.learn(leg(ms, tokens, { cachedTokens: cached, aheadCost: ahead, ttftMs: ms, streamEvents: tokens, streamSpanMs: ms }), i * 10, profile),
         );
         for (const node of ["p0", "d0"]) {
           const { decodeMsPerSeq, handoffMs, ...rest } = t.view(node, profile(), samples.length * 10);
