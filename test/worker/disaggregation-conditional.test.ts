@@ -2,10 +2,11 @@
 // the strict simulator (SPEC 8; issue 17 part 2): what the client sees (x-pd-mode, x-pd-prefill),
 // what the engines received (a D prefilling alone gets no kv_transfer_params; P gets nothing),
 // what /v1/route and /metrics say.
-import { env, runDurableObjectAlarm, runInDurableObject, SELF } from "cloudflare:test";
+import { runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { control, fault, post, putCluster, received, resetSim, type NodeSpec } from "./helpers";
 import { waitFor as pollUntil } from "./engines-helpers";
+import { resetState, stub } from "./signals-helpers";
 import { LOST_AFTER_MISSES } from "../../src/state/cache-feedback";
 import { seededRandom } from "../support/seeded";
 
@@ -25,24 +26,6 @@ function conversation(name: string, blocks = 6) {
       return { model: "sim-model", max_tokens: 3, messages: [...messages], ...extra };
     },
   };
-}
-
-const stub = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
-
-/** Forgets what earlier tests left in the object: health, stickiness, prefix indexes, learned rates, feedback. */
-async function resetState() {
-  const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
-  await run(stub() as unknown, (instance) => {
-    instance.health.clear();
-    instance.sticky.clear();
-    instance.prefixes.index.prefill.clear();
-    instance.prefixes.index.decode.clear();
-    instance.prefixes.rates.clear();
-    instance.prefixes.feedback.clear();
-    instance.rates.clear();
-    instance.precision.clear();
-    instance.cluster = null;
-  });
 }
 
 async function send(path: string, body: unknown, headers: Record<string, string> = {}) {

@@ -90,14 +90,20 @@ export async function putNodes(ids: Array<{ id: string; role: "prefill" | "decod
 
 export const stub = () => env.CLUSTER_STATE.get(env.CLUSTER_STATE.idFromName("cluster"));
 
-/** Forgets what a previous test left in the object (health, stickiness, prefix index, signals, learned rates, routing precision, the view). */
+/** Forgets what a previous test left in the object (health, stickiness, prefix index and its hit feedback, signals, learned rates, routing precision, the view), once its leases are released. */
 export async function resetState(): Promise<void> {
+  // a request's end reaches the object off its response's path: an earlier test's client can have
+  // its answer while its lease is still held, a load the next test would meet (a prefill in flight
+  // keeps a node from being a D). Leases are not cleared but waited for: a test that leaks one fails here.
+  await waitFor("the earlier test's leases released", snapshot, (s) => s.leases === 0, 10_000);
   const run = runInDurableObject as unknown as (s: unknown, cb: (instance: any) => void) => Promise<void>;
   await run(stub() as unknown, (instance) => {
     instance.health.clear();
     instance.sticky.clear();
     instance.prefixes.index.prefill.clear();
     instance.prefixes.index.decode.clear();
+    instance.prefixes.rates.clear();
+    instance.prefixes.feedback.clear();
     instance.signals.clear();
     instance.rates.clear();
     instance.precision.clear();
