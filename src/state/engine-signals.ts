@@ -74,13 +74,14 @@ export class EngineSignals {
   /**
    * The node's projected signals (what routing uses), or null when there is no poll younger than
    * `staleMs`. `prefillsNow`: the prefill legs the router has in flight on the node now (absent:
-   * as at the poll).
+   * as at the poll). `leaseTokens`: the KV tokens of the decode leases the router holds on it now,
+   * a floor under the projected KV use (projectSignals).
    */
-  view(node: string, now: number, staleMs: number, prefillsNow?: number): SignalView | null {
+  view(node: string, now: number, staleMs: number, prefillsNow?: number, leaseTokens = 0): SignalView | null {
     const s = this.#byNode.get(node);
     if (!s || now - s.at > staleMs) return null;
     return {
-      ...projectSignals(s, (prefillsNow ?? s.prefillsAtPoll) - s.prefillsAtPoll),
+      ...projectSignals(s, (prefillsNow ?? s.prefillsAtPoll) - s.prefillsAtPoll, leaseTokens),
       ageMs: Math.max(0, now - s.at),
       kvCapacityTokens: s.reading.kvCapacityTokens,
       reported: s.reading,
@@ -91,10 +92,10 @@ export class EngineSignals {
    * What the engine last said whatever its age, and its projection now (null when stale), for
    * /metrics and the status page; null until a poll answered. Only a decode node can be busy.
    */
-  status(node: string, decodes: boolean, now: number, s: SignalSettings): NodeSignalsStatus | null {
+  status(node: string, decodes: boolean, now: number, s: SignalSettings, leaseTokens = 0): NodeSignalsStatus | null {
     const last = this.#byNode.get(node);
     if (!last) return null;
-    const view = this.view(node, now, s.staleMs);
+    const view = this.view(node, now, s.staleMs, undefined, leaseTokens);
     const projected = view ? { kvUsage: view.kvUsage, queue: view.queue } : null;
     return {
       ...last.reading,
@@ -116,7 +117,14 @@ export class EngineSignals {
 
 /**
  * KV: reported + (tokens sent - tokens freed) / capacity of all its engines, within 0..1 (without a capacity the
- * reading alone). Queue: an engine that had a queue at the poll admits a request only as another
+ * reading alone), and never below the decode leases the router holds there (`leaseTokens` over the
+ * same capacity). The floor is what the difference misses: a request's end reaches the object
+ * after its engine has finished it, so a lease released after a poll that no longer held its KV
+ * frees tokens the reading never counted. With agentic prompts one such lease is a third of a
+ * node's KV: in a 16-session run a decode node that held nothing at the poll was projected at
+ * 0.58 after a 45k-token release while the router's own leases there came to 0.74, and was given
+ * a local prefill that took it to 0.95 (docs/routing.md). A floor can count a finished request
+ * whose release is still on its way, or a shared prefix twice: it errs toward busy, for a moment. Queue: an engine that had a queue at the poll admits a request only as another
  * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
  * queue at the poll was admitting what it got, so it is taken to have none still. The prefill legs
  * the router sent the node move its queue the same way (`prefillDelta`: those in flight now less
@@ -126,11 +134,15 @@ export class EngineSignals {
 export function projectSignals(
   s: Pick<NodeReadings, "reading" | "sent" | "sentTokens" | "freed" | "freedTokens">,
   prefillDelta = 0,
+  leaseTokens = 0,
 ): { kvUsage: number | null; queue: number | null } {
   const { kvUsage, waiting, kvCapacityTokens, kvRanks = 1 } = s.reading;
   let kv = kvUsage;
   // kvUsage is the mean over the node's engines: what is sent spreads over all their capacity
-  if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) kv = kv + (s.sentTokens - s.freedTokens) / (kvCapacityTokens * kvRanks);
+  if (kv !== null && kvCapacityTokens !== null && kvCapacityTokens > 0) {
+    const capacity = kvCapacityTokens * kvRanks;
+    kv = Math.max(kv + (s.sentTokens - s.freedTokens) / capacity, Math.max(0, leaseTokens) / capacity);
+  }
   const queue = waiting === null ? null : waiting > 0 ? Math.max(0, waiting + s.sent - s.freed + prefillDelta) : 0;
   return { kvUsage: kv === null ? null : Math.min(1, Math.max(0, kv)), queue };
 }

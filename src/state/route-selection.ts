@@ -124,7 +124,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
   const load = m.leases.loadOf(n.id);
   return {
     // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
-    signals: m.signals.view(n.id, now, staleMs, predicted ? (load?.prefill ?? 0) : undefined),
+    signals: m.signals.view(n.id, now, staleMs, predicted ? (load?.prefill ?? 0) : undefined, load?.tokens ?? 0),
     id: n.id,
     weight: n.weight,
     group: n.group ?? `node:${n.id}`,

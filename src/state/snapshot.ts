@@ -84,7 +84,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     lastFailureAt: h.lastFailureAt,
     inflight,
     requestsTotal: { prefill: requestsPrefill, decode: requestsDecode },
-    signals: m.signals.status(n.id, decodes, now, signals),
+    signals: m.signals.status(n.id, decodes, now, signals, tokens),
     usageDetails: m.usageDetails.verdict(n.id),
     noSignals: m.silent.silent(n.id),
     prefix: m.prefixes.status(n.id),

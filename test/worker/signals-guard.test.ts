@@ -20,8 +20,8 @@ async function decodeOf(content: string): Promise<string | null> {
   return res.headers.get("x-pd-decode");
 }
 
-async function explain(content = "explain"): Promise<any> {
-  const res = await post("/v1/route", chatBody(content));
+async function explain(content: unknown = "explain"): Promise<any> {
+  const res = await post("/v1/route", typeof content === "string" ? chatBody(content) : content);
   expect(res.status).toBe(200);
   return res.json();
 }
@@ -210,6 +210,46 @@ describe("the KV projection under the await protocol (vllm: D gets its leg once 
     await pending;
     await waitFor("released", snapshot, (s) => s.leases === 0);
     expect(await kvOfD0()).toBeCloseTo(0.5, 6);
+  });
+});
+
+describe("the KV projection when a release comes after its engine let go", () => {
+  it("a lease released after a poll that no longer held its KV frees nothing under the leases still held: D stays projected at them, and the guard counts them", async () => {
+    // Two long requests decode on d0 (its engine holds them: the streams hang). Its engine then
+    // finishes the first (its last token is out) and a poll answers before that request's end
+    // reaches the object (the relay closes its stream, then the release travels): the reading holds
+    // only the second, and the release frees the first's tokens from it a second time.
+    await setMetrics("d0", kv(0, { capacityTokens: 100_000 }));
+    await putNodes(PD.slice(0, 2));
+    await poll();
+    const prompt = (tag: string) => chatBody(`${tag} ${"a long agent transcript line, ".repeat(4_000)}`);
+    // the prompt's tokens on D, as the decision counts them (what a decode lease holds)
+    const tokensOnD = async (body: unknown) => (await explain(body)).promptTokens as number;
+    await engineFault("d0", { mode: "hang", count: 2 });
+    const clients = [new AbortController(), new AbortController()];
+    const pending = clients.map((c, i) => post("/v1/chat/completions", prompt(`held ${i}`), { signal: c.signal }).catch((e: unknown) => e));
+    await waitFor("both decoding on d0", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 2 && s.nodes.find((n) => n.id === "p0")!.inflight.prefill === 0);
+    const held = (await snapshot()).nodes.find((n) => n.id === "d0")!.inflight.tokens / 2;
+    expect(held).toBeGreaterThan(20_000);
+    // the engine holds the second request only
+    await setMetrics("d0", kv(held / 100_000, { capacityTokens: 100_000 }));
+    await runDurableObjectAlarm(stub() as never);
+    clients[0]!.abort();
+    await pending[0];
+    await waitFor("the first released", snapshot, (s) => s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
+    const d0 = (await snapshot()).nodes.find((n) => n.id === "d0")!;
+    // reading - the released tokens would be ~0: the lease still held is the floor
+    expect(d0.signals!.projected!.kvUsage).toBeCloseTo(held / 100_000, 6);
+    // a request that would take d0 past kvBusy (0.9) on top of what it holds: d0 is busy for it
+    // (the reading less the release, ~0, would have let it in)
+    const big = chatBody(`big ${"another agent transcript line, ".repeat(8_500)}`);
+    const bigTokens = await tokensOnD(big);
+    expect(held + bigTokens).toBeGreaterThan(90_000);
+    expect(bigTokens).toBeLessThan(90_000);
+    const route = await explain(big);
+    expect(route.candidates.decode.find((c: any) => c.id === "d0")).toMatchObject({ busy: true });
+    clients[1]!.abort();
+    await pending[1];
   });
 });
 

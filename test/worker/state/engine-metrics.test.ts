@@ -78,6 +78,19 @@ describe("the projection between polls", () => {
     expect(projectSignals({ reading: { ...reading, kvCapacityTokens: null }, sent: 9, sentTokens: 9000, freed: 0, freedTokens: 0 }).kvUsage).toBe(0.5);
   });
 
+  it("never below the decode leases the router holds on the node: a release the reading never held frees nothing under them", () => {
+    // the engine had finished a 450-token request before the poll (0 held) and its release came
+    // after; the router still holds 740 tokens of leases there (one of them sent since the poll)
+    const empty = { ...reading, kvUsage: 0 };
+    const s = { reading: empty, sent: 1, sentTokens: 270, freed: 1, freedTokens: 450 };
+    expect(projectSignals(s).kvUsage).toBe(0);
+    expect(projectSignals(s, 0, 740).kvUsage).toBeCloseTo(0.74);
+    // the floor only ever raises: a reading above the leases (other clients' requests) stands
+    expect(projectSignals({ reading, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0 }, 0, 300).kvUsage).toBeCloseTo(0.5);
+    // spread over all the node's engines, as what is sent
+    expect(projectSignals({ reading: { ...empty, kvRanks: 2 }, sent: 0, sentTokens: 0, freed: 0, freedTokens: 0 }, 0, 740).kvUsage).toBeCloseTo(0.37);
+  });
+
   it("a queue grows by what is sent only if the engine was queueing at the poll", () => {
     expect(projectSignals({ reading, sent: 5, sentTokens: 0, freed: 0, freedTokens: 0 }).queue).toBe(0);
     expect(projectSignals({ reading: { ...reading, waiting: 3 }, sent: 5, sentTokens: 0, freed: 2, freedTokens: 0 }).queue).toBe(6);

@@ -74,7 +74,8 @@ describe("a candidate as the modules see it", () => {
     // learned from its answers (about 2.3 after ten at 2, the prior still weighing), not the default 4
     expect(d.charsPerToken).toBe(m.prefixes.rates.of("d0"));
     expect(d.charsPerToken).toBeLessThan(2.5);
-    expect(d.signals).toEqual({ kvUsage: 0.5, queue: 2, ageMs: 100, kvCapacityTokens: 1_000, reported: reading({ kvUsage: 0.5, waiting: 2, kvCapacityTokens: 1_000 }) });
+    // KV use: the reading (0.5), but never below the decode lease the router holds there (700 of 1,000)
+    expect(d.signals).toEqual({ kvUsage: 0.7, queue: 2, ageMs: 100, kvCapacityTokens: 1_000, reported: reading({ kvUsage: 0.5, waiting: 2, kvCapacityTokens: 1_000 }) });
     const p = candidateOf(viewNode("p0", "prefill"), "prefill", 100, 15_000, m);
     expect(p).toMatchObject({ group: "node:p0", load: 1, work: 300, localPrefill: false, signals: null });
     // its prefill's cost at its own context (400 cached before its 300 uncached: predicted TTFT's queue)
