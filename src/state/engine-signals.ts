@@ -74,8 +74,8 @@ export class EngineSignals {
   /**
    * The node's projected signals (what routing uses), or null when there is no poll younger than
    * `staleMs`. `prefillsNow`: the prefill legs the router has in flight on the node now (absent:
-   * as at the poll). `leaseTokens`: the KV tokens of the decode leases the router holds on it now,
-   * a floor under the projected KV use (projectSignals).
+   * as at the poll). `leaseTokens`: the KV tokens the router's leases keep on it now (leases.ts
+   * leaseKvTokens), a floor under the projected KV use (projectSignals).
    */
   view(node: string, now: number, staleMs: number, prefillsNow?: number, leaseTokens = 0): SignalView | null {
     const s = this.#byNode.get(node);
@@ -117,8 +117,9 @@ export class EngineSignals {
 
 /**
  * KV: reported + (tokens sent - tokens freed) / capacity of all its engines, within 0..1 (without a capacity the
- * reading alone), and never below the decode leases the router holds there (`leaseTokens` over the
- * same capacity). The floor is what the difference misses: a request's end reaches the object
+ * reading alone), and never below what the router's leases keep there (`leaseTokens` over the
+ * same capacity: the prompts it decodes, and on a `both` node those it prefills as a P until P
+ * answered, whose KV its engine holds for D). The floor is what the difference misses: a request's end reaches the object
  * after its engine has finished it, so a lease released after a poll that no longer held its KV
  * frees tokens the reading never counted. With agentic prompts one such lease is a third of a
  * node's KV: in a 16-session run a decode node that held nothing at the poll was projected at

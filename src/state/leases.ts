@@ -85,6 +85,12 @@ export interface NodeLoad {
   /** decode leases on it whose P (another node) has not answered yet, and their KV tokens: under the await protocol its engine has not got them */
   awaiting: number;
   awaitingTokens: number;
+  /**
+   * the prompt tokens of the prefill legs it runs as another request's P, until P answered: KV its
+   * engine holds for them (P keeps a prompt's blocks for D to pull), which on a `both` node fills
+   * the same memory its decodes use
+   */
+  prefillKvTokens: number;
 }
 
 export const newLoad = (): NodeLoad => ({
@@ -97,7 +103,15 @@ export const newLoad = (): NodeLoad => ({
   requestsDecode: 0,
   awaiting: 0,
   awaitingTokens: 0,
+  prefillKvTokens: 0,
 });
+/**
+ * The KV tokens the router's leases keep on a node: the prompts it decodes and, as another request's
+ * P, those it prefills until P answered (on a `both` node, the same memory). The floor of its
+ * projected KV use (engine-signals.ts projectSignals).
+ */
+export const leaseKvTokens = (load: NodeLoad | undefined): number => (load ? load.tokens + load.prefillKvTokens : 0);
+
 const prefillWorkOf = (lease: NodeLease): number => lease.prefillTokens ?? 0;
 /** A lease's prefill work at context 0: its uncached tokens over the part of its prompt cached before them. */
 export const prefillCostOf = (lease: NodeLease): number => {
@@ -307,9 +321,11 @@ export class LeaseTable {
     if (load && load.prefill === 0 && load.decode === 0) this.#load.delete(node);
   }
 
-  /** Counts (+1) or uncounts (-1) the lease on its D as awaiting its P, when it is. */
+  /** Counts (+1) or uncounts (-1) the lease on its D as awaiting its P, and its prompt's KV on that P, when it is. */
   #awaiting(lease: NodeLease, sign: 1 | -1): void {
     if (lease.prefill === null || lease.prefill === lease.decode) return;
+    const p = this.#load.get(lease.prefill);
+    if (p) p.prefillKvTokens = Math.max(0, p.prefillKvTokens + sign * lease.tokens);
     const load = this.#load.get(lease.decode);
     if (!load) return;
     load.awaiting = Math.max(0, load.awaiting + sign);

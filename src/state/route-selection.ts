@@ -5,7 +5,7 @@ import type { RoundRobinCursors } from "./cursors";
 import type { EngineSignals } from "./engine-signals";
 import { isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
-import type { LeaseTable } from "./leases";
+import { type LeaseTable, leaseKvTokens } from "./leases";
 import { type NodeRateTable, profileOf, type RateProfile } from "./node-rates";
 import type { PrefixMemory } from "./prefix-memory";
 import type { RecentShare } from "./recent-share";
@@ -124,7 +124,7 @@ export function candidateOf(n: ViewNode, role: Role, now: number, staleMs: numbe
   const load = m.leases.loadOf(n.id);
   return {
     // P's signals weigh nowhere in its ranking; conditional disaggregation reads its queue (prefill_busy)
-    signals: m.signals.view(n.id, now, staleMs, predicted ? (load?.prefill ?? 0) : undefined, load?.tokens ?? 0),
+    signals: m.signals.view(n.id, now, staleMs, predicted ? (load?.prefill ?? 0) : undefined, leaseKvTokens(load)),
     id: n.id,
     weight: n.weight,
     group: n.group ?? `node:${n.id}`,

@@ -5,7 +5,7 @@ import type { SignalSettings } from "../config/cluster-view";
 import type { EngineSignals } from "./engine-signals";
 import { breakerState, isHealthy } from "./health";
 import type { NodeHealthTable } from "./health-table";
-import { type LeaseTable, newLoad } from "./leases";
+import { type LeaseTable, leaseKvTokens, newLoad } from "./leases";
 import type { HistoryPoint, NodeHistory } from "./node-history";
 import { type NodeRateTable, profileOf } from "./node-rates";
 import type { RoutingPrecision } from "./routing-precision";
@@ -63,7 +63,8 @@ export const poolLabel = (cluster: ClusterView): string => {
 
 export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m: StatusSources, cluster?: ClusterView): NodeStatus {
   const h = m.health.view(n.id);
-  const { requestsPrefill, requestsDecode, prefill, decode, tokens, prefillTokens } = m.leases.loadOf(n.id) ?? newLoad();
+  const load = m.leases.loadOf(n.id);
+  const { requestsPrefill, requestsDecode, prefill, decode, tokens, prefillTokens } = load ?? newLoad();
   const inflight = { prefill, decode, tokens, prefillTokens };
   const decodes = n.role === "decode" || n.role === "both";
   return {
@@ -84,7 +85,7 @@ export function nodeStatus(n: ViewNode, signals: SignalSettings, now: number, m:
     lastFailureAt: h.lastFailureAt,
     inflight,
     requestsTotal: { prefill: requestsPrefill, decode: requestsDecode },
-    signals: m.signals.status(n.id, decodes, now, signals, tokens),
+    signals: m.signals.status(n.id, decodes, now, signals, leaseKvTokens(load)),
     usageDetails: m.usageDetails.verdict(n.id),
     noSignals: m.silent.silent(n.id),
     prefix: m.prefixes.status(n.id),

@@ -253,6 +253,36 @@ describe("the KV projection when a release comes after its engine let go", () =>
   });
 });
 
+describe("the KV a both node keeps for its prefills as a P", () => {
+  it("a both node prefilling a long prompt for another D counts it in its KV until P answered, whatever a poll read", async () => {
+    // c0 (both) is the only P; its KV reads full at first, so the decode leg goes to d0
+    await setMetrics("c0", kv(0.95, { capacityTokens: 100_000 }));
+    await setMetrics("d0", kv(0, { capacityTokens: 100_000 }));
+    await putNodes([
+      { id: "c0", role: "both" },
+      { id: "d0", role: "decode" },
+    ]);
+    await poll();
+    await engineFault("c0", { mode: "hang", count: 1 });
+    const client = new AbortController();
+    const body = chatBody(`as P ${"a long agent transcript line, ".repeat(4_000)}`);
+    const pending = post("/v1/chat/completions", body, { signal: client.signal }).catch((e: unknown) => e);
+    await waitFor("c0 prefilling for d0", snapshot, (s) => s.nodes.find((n) => n.id === "c0")!.inflight.prefill === 1 && s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1);
+    const tokens = (await snapshot()).nodes.find((n) => n.id === "d0")!.inflight.tokens;
+    expect(tokens).toBeGreaterThan(20_000);
+    // a poll reads c0's engine before it allocated the prompt (0): P keeps the prompt's KV for D
+    // to pull, in the memory c0's own decodes use
+    await setMetrics("c0", kv(0, { capacityTokens: 100_000 }));
+    await runDurableObjectAlarm(stub() as never);
+    const c0 = (await snapshot()).nodes.find((n) => n.id === "c0")!;
+    expect(c0.signals!.projected!.kvUsage).toBeCloseTo(tokens / 100_000, 6);
+    client.abort();
+    await pending;
+    await waitFor("released", snapshot, (s) => s.leases === 0);
+    expect((await snapshot()).nodes.find((n) => n.id === "c0")!.signals!.projected!.kvUsage).toBe(0);
+  });
+});
+
 describe("signals in /metrics", () => {
   it("pd_router_node_kv_usage and pd_router_node_queue once a poll answered; the admission series from the start", async () => {
     await setMetrics("d0", kv(0.5, { waiting: 2 }));

@@ -74,6 +74,18 @@ describe("the lease table", () => {
     );
   });
 
+  it("counts on P the prompt tokens of the legs it runs for another node, until P answered (the KV it keeps for D), through any ops (property)", () => {
+    fc.assert(
+      fc.property(fc.array(leaseOps(1000), { maxLength: 40 }), (ops) => {
+        const { t, live } = replay(ops);
+        for (const n of NODES) {
+          const held = live.filter((l) => l.prefill === n && l.decode !== n);
+          expect(t.loadOf(n)?.prefillKvTokens ?? 0).toBe(held.reduce((sum, l) => sum + l.tokens, 0));
+        }
+      }),
+    );
+  });
+
   it("prices each prefill at its own context: a cold 80k-token prompt at ~5x its tokens, a 1k turn after 79k cached at ~9x its", () => {
     expect(prefillCostOf(lease({ tokens: 80_000, prefillTokens: 80_000 }))).toBeCloseTo(80_000 * prefillContextFactor(40_000));
     expect(prefillCostOf(lease({ tokens: 80_000, prefillTokens: 1_000 }))).toBeCloseTo(1_000 * prefillContextFactor(79_500));
