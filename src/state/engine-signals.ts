@@ -119,13 +119,16 @@ export class EngineSignals {
  * KV: reported + (tokens sent - tokens freed) / capacity of all its engines, within 0..1 (without a capacity the
  * reading alone), and never below what the router's leases keep there (`leaseTokens` over the
  * same capacity: the prompts it decodes, and on a `both` node those it prefills as a P until P
- * answered, whose KV its engine holds for D). The floor is what the difference misses: a request's end reaches the object
- * after its engine has finished it, so a lease released after a poll that no longer held its KV
- * frees tokens the reading never counted. With agentic prompts one such lease is a third of a
- * node's KV: in a 16-session run a decode node that held nothing at the poll was projected at
- * 0.58 after a 45k-token release while the router's own leases there came to 0.74, and was given
- * a local prefill that took it to 0.95 (docs/routing.md). A floor can count a finished request
- * whose release is still on its way, or a shared prefix twice: it errs toward busy, for a moment. Queue: an engine that had a queue at the poll admits a request only as another
+ * answered, whose KV its engine holds for D). The floor is what the difference misses: a
+ * request's end reaches the object after its engine has finished it, so a lease released after a
+ * poll that no longer held its KV frees tokens the reading never counted. With agentic prompts one
+ * such lease is a third of a node's KV: in a 16-session run a decode node that held nothing at the
+ * poll was projected at 0.58 after a 45k-token release while the router's own leases there came
+ * to 0.74, and was given a local prefill that took it to 0.95 (docs/routing.md). A floor can count
+ * a finished request whose release is still on its way, or a shared prefix twice: it errs toward
+ * busy, for a moment.
+ *
+ * Queue: an engine that had a queue at the poll admits a request only as another
  * ends, so its queue grows by each request sent and shrinks by each release; an engine with no
  * queue at the poll was admitting what it got, so it is taken to have none still. The prefill legs
  * the router sent the node move its queue the same way (`prefillDelta`: those in flight now less
