@@ -125,8 +125,10 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
     await setMetrics("p0", kv(0.1, { waiting: 40, capacityTokens: 100_000 }));
     await putNodes(nodes, { policy: { prefill: "affinity", decode: "affinity", disaggregation: "predicted" }, signals: { ...signals, queueBusy: 2 } });
     await poll();
-    await engineFault("c0", { mode: "slow", delayMs: 4000, count: 2 });
-    const held = [sendChat(conversation("own-a")(1)), sendChat(conversation("own-b")(1))];
+    // c0's engine holds both prompts until their clients leave: no window the test must beat
+    await engineFault("c0", { mode: "hang", count: 2 });
+    const clients = [new AbortController(), new AbortController()];
+    const held = ["own-a", "own-b"].map((name, i) => post("/v1/chat/completions", conversation(name)(1), { signal: clients[i]!.signal }).catch((e: unknown) => e));
     await waitFor(
       "c0's two prefill legs",
       async () => (await completionsTo("c0")).length,
@@ -143,7 +145,12 @@ describe("predicted: a both node's own prefills do not make it a busy D", () => 
     const d = byId(route.candidates.decode);
     expect(d.d0.busy).toBe(true);
     expect(d.c0.busy).toBe(false);
-    for (const r of held) expect(await r).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
+    // the two held requests went P c0, D d0
+    const s = await snapshot();
+    expect(s.nodes.find((n) => n.id === "c0")!.inflight.prefill).toBe(2);
+    expect(s.nodes.find((n) => n.id === "d0")!.inflight.decode).toBe(2);
+    for (const c of clients) c.abort();
+    await Promise.all(held);
   });
 });
 
@@ -157,9 +164,16 @@ describe("predicted: the prefills running on a node are priced at their own cont
     const long = chatBody(`${"the long cold prompt of an agent, ".repeat(5_000)}`);
     const tokens = byId((await explain(long)).candidates.prefill).c0.uncachedTokens as number;
     expect(tokens).toBeGreaterThan(30_000);
-    await engineFault("c0", { mode: "slow", delayMs: 4000, count: 1 });
-    const held = sendChat(long);
-    await waitFor("c0 prefilling the long prompt", snapshot, (s) => s.nodes.find((n) => n.id === "c0")!.inflight.prefill === 1);
+    // c0's engine holds the prompt until the client leaves: no window the test must beat
+    await engineFault("c0", { mode: "hang", count: 1 });
+    const client = new AbortController();
+    const pending = post("/v1/chat/completions", long, { signal: client.signal }).catch((e: unknown) => e);
+    // routed P c0, D d0
+    await waitFor(
+      "c0 prefilling the long prompt for d0",
+      snapshot,
+      (s) => s.nodes.find((n) => n.id === "c0")!.inflight.prefill === 1 && s.nodes.find((n) => n.id === "d0")!.inflight.decode === 1,
+    );
 
     const route = await explain(chatBody("a short question"));
     const c0 = byId(route.candidates.prefill).c0;
@@ -168,7 +182,8 @@ describe("predicted: the prefills running on a node are priced at their own cont
     const ownContext = tokens * (1 + tokens / 2 / ATTENTION_CONTEXT_TOKENS) * 0.1;
     expect(c0.predictedTtftMs).toBeGreaterThanOrEqual(ownContext);
     expect(c0.predictedTtftMs).toBeLessThan(ownContext * 1.2);
-    expect(await held).toMatchObject({ mode: "disaggregated", p: "c0", d: "d0" });
+    client.abort();
+    await pending;
   });
 });
 
