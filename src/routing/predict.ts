@@ -23,7 +23,8 @@ export interface NodeRates {
   transferMsPerToken: number;
   /**
    * ms of D's first byte after P's answer that does not grow with the tokens it lacks: its own
-   * request, the transfer's setup, its scheduling (0 in a profile; learned with the per-token rate)
+   * request, the transfer's setup, its scheduling (one decode step in a profile; learned with the
+   * per-token rate)
    */
   handoffMs: number;
   /**
@@ -64,7 +65,8 @@ export const profileRates = (p: RateProfile): NodeRates => ({
   decodeStepMs: p.decodeStepMs,
   decodeMsPerSeq: 0,
   transferMsPerToken: (KV_BYTES_PER_TOKEN / (p.transferGBPerS * 1e9)) * 1000,
-  handoffMs: 0,
+  // a decode leg meets D's step loop twice besides its first step (state/node-rates.ts transferLine)
+  handoffMs: p.decodeStepMs,
   decodeTokens: 256,
 });
 

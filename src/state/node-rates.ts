@@ -106,18 +106,25 @@ interface StepFit {
 
 /** The prior's two points: a flat line at the profile's step, from one sequence to this many */
 const PRIOR_BATCH = 33;
-/** The transfer prior's two points, a request's weight each: no hand-off, and the profile's rate at this many tokens */
+/** The transfer prior's two points, a request's weight each: the prior hand-off alone, and with the profile's rate at this many tokens */
 const PRIOR_TRANSFER_TOKENS = 10_000;
 
-/** D's hand-off (ms) and ms a token, fitted with the prior's points added (the hand-off never below 0, the rate never below 1 % of the prior's). */
-function transferLine(fit: StepFit | undefined, priorMsPerToken: number): { handoffMs: number; msPerToken: number } {
-  if (!fit || !(fit.w > 0)) return { handoffMs: 0, msPerToken: priorMsPerToken };
+/**
+ * D's hand-off (ms) and ms a token, fitted with the prior's points added (the hand-off never below
+ * 0, the rate never below 1 % of the prior's). The prior hand-off is one of D's steps: a decode leg
+ * meets D's step loop twice besides its first step — its blocks are taken and its pull started at
+ * the next step, and a pull that landed is seen at the step after the one it landed in (vLLM's
+ * scheduler reads finished receives from the previous step's output:
+ * vllm/v1/core/sched/scheduler.py `_update_waiting_for_remote_kv`), half a step each on average.
+ */
+function transferLine(fit: StepFit | undefined, priorMsPerToken: number, priorHandoffMs: number): { handoffMs: number; msPerToken: number } {
+  if (!fit || !(fit.w > 0)) return { handoffMs: priorHandoffMs, msPerToken: priorMsPerToken };
   const floor = priorMsPerToken / 100;
   const w = (fit?.w ?? 0) + 2;
   const wx = (fit?.wx ?? 0) + PRIOR_TRANSFER_TOKENS;
-  const wy = (fit?.wy ?? 0) + priorMsPerToken * PRIOR_TRANSFER_TOKENS;
+  const wy = (fit?.wy ?? 0) + 2 * priorHandoffMs + priorMsPerToken * PRIOR_TRANSFER_TOKENS;
   const wxx = (fit?.wxx ?? 0) + PRIOR_TRANSFER_TOKENS * PRIOR_TRANSFER_TOKENS;
-  const wxy = (fit?.wxy ?? 0) + priorMsPerToken * PRIOR_TRANSFER_TOKENS * PRIOR_TRANSFER_TOKENS;
+  const wxy = (fit?.wxy ?? 0) + (priorHandoffMs + priorMsPerToken * PRIOR_TRANSFER_TOKENS) * PRIOR_TRANSFER_TOKENS;
   const den = w * wxx - wx * wx;
   let msPerToken = den > 0 ? Math.max(floor, (w * wxy - wx * wy) / den) : priorMsPerToken;
   let handoffMs = (wy - msPerToken * wx) / w;
@@ -203,7 +210,7 @@ export class NodeRateTable {
     const step = stepLine(fit, prior.decodeStepMs);
     const tfit = this.#transfers.get(node);
     if (tfit) decayFit(tfit, now);
-    const transfer = transferLine(tfit, prior.transferMsPerToken);
+    const transfer = transferLine(tfit, prior.transferMsPerToken, step.at1);
     const out = this.#output;
     decayTo(out, now, OUTPUT_HALF_LIFE_MS);
     return {

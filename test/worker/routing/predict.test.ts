@@ -80,7 +80,8 @@ describe("predicted TTFT (pure)", () => {
     const warmD = { promptTokens: 8000, uncachedTokens: 0 };
     const coldD = { promptTokens: 8000, uncachedTokens: 8000 };
     expect(remoteTtftMs(node(), onP, node(), coldD)).toBeGreaterThan(remoteTtftMs(node(), onP, node(), warmD));
-    expect(remoteTtftMs(node(), onP, node(), warmD)).toBeCloseTo(prefillDoneMs(node(), onP) + rates.decodeStepMs);
+    // a D that lacks nothing still pays its hand-off (one step in a profile) and its first step
+    expect(remoteTtftMs(node(), onP, node(), warmD)).toBeCloseTo(prefillDoneMs(node(), onP) + rates.handoffMs + rates.decodeStepMs);
     const shortQueue = node({ prefillTokens: 100, prefillRequests: 1 });
     expect(remoteTtftMs(node(), onP, shortQueue, warmD)).toBeCloseTo(remoteTtftMs(node(), onP, node(), warmD));
     const longQueue = node({ prefillTokens: 200_000, prefillRequests: 20 });
@@ -236,6 +237,29 @@ describe("the predicted choice (pure)", () => {
     expect(choosePredicted(q(["x", "y"]))!.choice).toMatchObject({ mode: "local", decode: "x" });
     // the prefill policy put y first: the policies' pick is y then x, and x alone does not beat it by 20%
     expect(choosePredicted(q(["y", "x"]))!.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x" });
+  });
+
+  it("a split between `both` nodes pays D's hand-off: priced one of D's steps before D has pulled, a short prompt stays on D alone", () => {
+    // x and y decode nothing; x's step was learned at 20 ms, y's at 30. A 200-token cold prompt:
+    // the decode policy put x first, the prefill policy y, so their own pick is y then x
+    const q = (handoffMs: number) => {
+      const x = { rates: { ...rates, decodeStepMs: 20, handoffMs } };
+      const y = { rates: { ...rates, decodeStepMs: 30, handoffMs } };
+      return {
+        prefills: [P("y", y, 200, 200), P("x", x, 200, 200)],
+        decodes: [D("x", x, 200, 200, { localPrefill: true }), D("y", y, 200, 200, { localPrefill: true })],
+        sameGroup: false,
+        kvBusy: 0.9,
+      };
+    };
+    // with no hand-off the split looks within 20% of x alone (x's shorter step either way): kept
+    expect(choosePredicted(q(0))!.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x" });
+    // with one of x's steps of hand-off x alone beats it by the margin
+    const priced = choosePredicted(q(20))!;
+    expect(priced.choice).toMatchObject({ mode: "local", decode: "x" });
+    expect(priced.figures.prefill.get("y")!.predictedTtftMs - priced.choice.ttftMs).toBeGreaterThan(20);
+    // a node with no learned rates is priced its profile's step of hand-off
+    expect(rates.handoffMs).toBe(DEFAULT_PROFILE.decodeStepMs);
   });
 
   it("never pairs a node with itself, keeps pairs in one group when asked, and picks the lowest score beyond the margin (property)", () => {

@@ -82,8 +82,31 @@ describe("learned rates: the prior first, then what the legs show", () => {
     expect(d.handoffMs).toBeGreaterThan(150);
     expect(d.handoffMs).toBeLessThan(250);
     expect(d.transferMsPerToken).toBeCloseTo(0.01, 2);
-    // a node never seen: no hand-off, the profile's rate
-    expect(t.view("d9", profile(), 12_000)).toMatchObject({ handoffMs: 0, transferMsPerToken: prior.transferMsPerToken });
+    // a node never seen: one of its decode steps of hand-off (the profile's here), the profile's rate
+    expect(t.view("d9", profile(), 12_000)).toMatchObject({ handoffMs: DEFAULT_PROFILE.decodeStepMs, transferMsPerToken: prior.transferMsPerToken });
+  });
+
+  it("a D that has pulled little is priced one of its own decode steps of hand-off, until its pulls show their own", () => {
+    const t = new NodeRateTable();
+    // streams teach d0 a 10 ms step (its profile says 30); it has pulled nothing yet
+    for (let i = 0; i < 40; i++) t.learn(leg(0, 2000, { prefillMs: undefined, streamEvents: 102, streamSpanMs: 1000 }), i * 200, profile);
+    const stepped = t.view("d0", profile(), 8000);
+    expect(stepped.decodeStepMs).toBeCloseTo(10, 0);
+    expect(stepped.handoffMs).toBeCloseTo(stepped.decodeStepMs, 5);
+    // one short pull whose hand-off was 2 ms (D's first byte 2 ms and a step of 10 after P's
+    // answer): it is priced between its prior and that pull
+    t.learn(leg(50, 200, { ttftMs: 50 + 2 + 10 }), 8000, profile);
+    const one = t.view("d0", profile(), 8000).handoffMs;
+    expect(one).toBeGreaterThan(2);
+    expect(one).toBeLessThan(stepped.decodeStepMs);
+    // many pulls of 2 ms hand-off at two sizes: priced near them, far under the prior step (the
+    // prior's two points, at the profile's slower rate, still lift it a little)
+    for (let i = 0; i < 60; i++) {
+      const tokens = i % 2 === 0 ? 200 : 20_000;
+      t.learn(leg(50, tokens, { ttftMs: 50 + 2 + 0.001 * tokens + 10 }), 8000 + i * 200, profile);
+    }
+    const learned = t.view("d0", profile(), 20_000).handoffMs;
+    expect(learned).toBeLessThan(6);
   });
 
   it("decode step against the batch: the line through streams at different batch sizes", () => {
