@@ -1,6 +1,22 @@
 import { runDurableObjectAlarm, SELF } from "cloudflare:test";
 import { beforeEach, describe, expect, it } from "vitest";
-import { chatBody, engineFault, frontStats, kv, poll, post, putNodes, resetEngines, resetState, setMetrics, snapshot, stub, useSignalsRig, waitFor } from "./signals-helpers";
+import {
+  chatBody,
+  engineFault,
+  explain as routeOf,
+  frontStats,
+  kv,
+  poll,
+  post,
+  putNodes,
+  resetEngines,
+  resetState,
+  setMetrics,
+  snapshot,
+  stub,
+  useSignalsRig,
+  waitFor,
+} from "./signals-helpers";
 
 useSignalsRig();
 
@@ -20,11 +36,8 @@ async function decodeOf(content: string): Promise<string | null> {
   return res.headers.get("x-pd-decode");
 }
 
-async function explain(content: unknown = "explain"): Promise<any> {
-  const res = await post("/v1/route", typeof content === "string" ? chatBody(content) : content);
-  expect(res.status).toBe(200);
-  return res.json();
-}
+/** /v1/route for a one-message chat (signals-helpers.ts `explain` takes a whole body) */
+const explain = (content = "explain"): Promise<any> => routeOf(chatBody(content));
 
 beforeEach(async () => {
   await resetState();
@@ -224,7 +237,7 @@ describe("the KV projection when a release comes after its engine let go", () =>
     await poll();
     const prompt = (tag: string) => chatBody(`${tag} ${"a long agent transcript line, ".repeat(4_000)}`);
     // the prompt's tokens on D, as the decision counts them (what a decode lease holds)
-    const tokensOnD = async (body: unknown) => (await explain(body)).promptTokens as number;
+    const tokensOnD = async (body: unknown) => (await routeOf(body)).promptTokens as number;
     await engineFault("d0", { mode: "hang", count: 2 });
     const clients = [new AbortController(), new AbortController()];
     const pending = clients.map((c, i) => post("/v1/chat/completions", prompt(`held ${i}`), { signal: c.signal }).catch((e: unknown) => e));
@@ -246,7 +259,7 @@ describe("the KV projection when a release comes after its engine let go", () =>
     const bigTokens = await tokensOnD(big);
     expect(held + bigTokens).toBeGreaterThan(90_000);
     expect(bigTokens).toBeLessThan(90_000);
-    const route = await explain(big);
+    const route = await routeOf(big);
     expect(route.candidates.decode.find((c: any) => c.id === "d0")).toMatchObject({ busy: true });
     clients[1]!.abort();
     await pending[1];
