@@ -68,7 +68,10 @@ export async function startEngine(options) {
         fault: () => state.fault,
         inflight: (/** @type {number} */ d) => void (state.inflight += d),
         record: (/** @type {RequestLogEntry} */ e) => void (state.log.push(e) > MAX_LOG && state.log.shift()),
-        submit: (/** @type {'local' | 'prefill' | 'remote'} */ k, /** @type {{ hashes: string[], tokens: number, maxTokens: number, source?: string }} */ o) => submit(state, k, o),
+        submit: (
+          /** @type {'local' | 'prefill' | 'remote'} */ k,
+          /** @type {{ hashes: string[], tokens: number, maxTokens: number, source?: string, freshTokens?: () => number | undefined }} */ o,
+        ) => submit(state, k, o),
       };
       import('./endpoints.mjs')
         .then((m) => m.handleEndpoint(req, res, path, hooks))

@@ -45,9 +45,10 @@ const GiB = 2 ** 30;
  * @property {number} maxNumBatchedTokens
  * @property {number} maxNumSeqs
  * @property {boolean} preemption
- * @property {number} stallLoadShare the effective load rate of a step loop that stalls while KV moves
- *   in or out of the engine (landing a pull, serving a fetch), as a share of HBM bandwidth: a step
- *   lengthens by bytes moved / (share x bandwidth) (fitted, seed 000)
+ * @property {number} stallLoadShare the effective load rate of a step loop that stalls while held KV
+ *   moves in or out of the engine (a prefix fetched from the mesh, the cached context a decode node
+ *   re-pulls from P; not the KV a prefill just computed for the request, which streams), as a share
+ *   of HBM bandwidth: a step lengthens by stalling bytes moved / (share x bandwidth) (fitted, seed 000)
  * @property {boolean} prefixMesh a P fetches the prefix another engine holds instead of computing it
  *   (seed 000's content-addressed KV mesh; vLLM's P does not)
  * @property {import('./model/fabric.mjs').FabricSettings} fabric
@@ -158,8 +159,10 @@ export const MODELS = {
 const VLLM_DEFAULTS = { blockSize: 16, gpuMemoryUtilization: 0.9, maxNumBatchedTokens: 8192, maxNumSeqs: 1024, preemption: true };
 
 // The fitted parameters, at most two a seed, each on one named published figure (docs/simulator.md).
-/** seed 000: effective load rate of a stalled step loop, share of HBM bandwidth; fit: P affinity ITL p99 49.2 ms */
-export const SEED000_STALL_LOAD_SHARE = 0.005;
+/** seed 000: achieved share of HBM bandwidth in decode; fit: P+D affinity TPOT p99 22.8 ms */
+export const SEED000_MBU = 0.49;
+/** seed 000: effective load rate of a step loop stalled by held KV moving, share of HBM bandwidth; fit: P affinity ITL p99 49.2 ms */
+export const SEED000_STALL_LOAD_SHARE = 0.004;
 /** seed 002: achieved share of peak FLOPs in prefill; fit: colocated cache-aware TTFT p50 0.731 s */
 export const SEED002_MFU = 0.85;
 /** seed 002: fixed cost of an eager-mode step, ms; fit: PD 4P+4D TPOT p90 74 ms */
@@ -187,8 +190,9 @@ export const PRESETS = {
     model: 'qwen3-14b',
     // assumed: a large-GEMM prefill on Hopper reaches about half the dense peak
     mfu: 0.5,
-    // calibrated: P+D affinity's TPOT p99 (22.8 ms, seed 000); see docs/simulator.md
-    mbu: 0.55,
+    // FITTED on P+D affinity's TPOT p99 (22.8 ms, seed 000): its turns move only fresh KV, which
+    // stalls nothing, so this fit does not see the stall's; see docs/simulator.md
+    mbu: SEED000_MBU,
     stepOverheadMs: 2,
     perSeqMs: 0,
     ...VLLM_DEFAULTS,
@@ -209,8 +213,8 @@ export const PRESETS = {
     // H20's peak; with the agentic trace's earlier, narrower cold prompts it had to be 1.3, above it
     // (docs/simulator.md)
     mfu: SEED002_MFU,
-    // seed 000's calibration (memory-bound reads are the hardware's, not the software's)
-    mbu: 0.55,
+    // seed 000's fit (memory-bound reads are the hardware's, not the software's)
+    mbu: SEED000_MBU,
     // FITTED on PD 4P+4D TPOT p90 (74 ms, seed 002): vLLM 0.18.1 --enforce-eager launches every
     // kernel of every layer each step (no CUDA graphs), which dominates a small MoE's decode step
     stepOverheadMs: SEED002_STEP_OVERHEAD_MS,

@@ -102,6 +102,7 @@ export async function generate({ res, body, hooks, ctx, entry }) {
         hashes: p.hashes,
         queueMs: p.seq.admittedAt - p.seq.arrival,
         prefillMs: p.seq.firstTokenAt - p.seq.admittedAt,
+        computedTokens: p.tokens - p.cachedTokens,
       });
       prompt.push({ tokens: p.tokens, cached: p.cachedTokens });
     } else {
@@ -116,7 +117,7 @@ export async function generate({ res, body, hooks, ctx, entry }) {
         violation(stats, `sglang /generate decode leg names bootstrap ${leg.host}:${leg.port} but room ${leg.room} was prefilled on ${found.host}:${found.bootstrapPort}`);
       }
       const { tokens, hashes } = promptShape(hooks, prompts[i]);
-      seqs.push(hooks.submit('remote', { hashes, tokens, maxTokens: maxNew, source: found.engineId }));
+      seqs.push(hooks.submit('remote', { hashes, tokens, maxTokens: maxNew, source: found.engineId, freshTokens: () => found.computedTokens }));
       prompt.push({ tokens, cached: tokens });
     }
   }

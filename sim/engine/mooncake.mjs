@@ -30,7 +30,7 @@ export async function mooncakePrefill(state, call) {
   const p = await prefillOnly(state, hashes, tokens, rec, Boolean(kv.transfer_id), ctx);
   if (ctx.closed) return;
   if (p.seq.state !== 'finished') return refuse(state, res, p.seq);
-  if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
+  if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs, computedTokens: tokens - p.cachedTokens });
   const transferId = String(kv.transfer_id);
   if (!kv.transfer_id) {
     // update_state_after_alloc: "Missing transfer_id in kv_transfer_params from router!" — never sent
@@ -38,7 +38,15 @@ export async function mooncakePrefill(state, call) {
   } else {
     // request_finished: delay_free_blocks until D pulls (the worker frees on the send's end)
     holdKv(state, `mc/${id}/${transferId}`, digest, Math.ceil(tokens / blockTokens), p.seq);
-    publishTransfer(registry, `${id}/${transferId}`, { engineId: id, mooncakeEngineId: state.mooncakeEngineId, hashes, digest, queueMs: p.queueMs, prefillMs: p.prefillMs });
+    publishTransfer(registry, `${id}/${transferId}`, {
+      engineId: id,
+      mooncakeEngineId: state.mooncakeEngineId,
+      hashes,
+      digest,
+      queueMs: p.queueMs,
+      prefillMs: p.prefillMs,
+      computedTokens: tokens - p.cachedTokens,
+    });
   }
   state.stats.outputTokens++;
   // request_finished returns (delay_free, None): P's answer carries no kv_transfer_params
@@ -75,6 +83,7 @@ export async function mooncakeDecode(state, call) {
   // its worker pulls them once P has them (mooncake_connector.py)
   const digests = prompts.map(promptDigest);
   const from = source;
+  /** @type {{ upstreamMs: number, readyAt: number, computedTokens?: number }} */
   const ready = { upstreamMs: 0, readyAt: 0 };
   return await generate(state, res, ctx, {
     seq: submit(state, 'remote', {
@@ -82,6 +91,7 @@ export async function mooncakeDecode(state, call) {
       tokens,
       maxTokens,
       rec,
+      freshTokens: () => ready.computedTokens,
       awaitSource: async () => {
         const found = await waitTransfer(registry, `${from.id}/${kv.transfer_id}`, bootstrapTimeoutMs, ctx);
         if (!found) throw Object.assign(new Error(`transfer ${kv.transfer_id}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
@@ -93,7 +103,7 @@ export async function mooncakeDecode(state, call) {
         } else h.free('read');
         if (kvDigest !== digest && h?.state === 'read') state.stats.foreignHandleReads++;
         digests[0] = kvDigest;
-        Object.assign(ready, { upstreamMs: found.queueMs + found.prefillMs, readyAt: state.time.clock.now() });
+        Object.assign(ready, { upstreamMs: found.queueMs + found.prefillMs, readyAt: state.time.clock.now(), computedTokens: found.computedTokens });
         return from.id;
       },
     }),

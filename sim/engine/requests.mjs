@@ -53,10 +53,14 @@ export function countLocalityMisses(state, missing, source) {
  * @param {() => Promise<string>} [o.awaitSource] remote: resolves with the engine the KV comes
  *   from once its prefill is there (SGLang rooms, Mooncake transfers: the decode node takes the
  *   blocks when the request arrives and waits for P); rejecting fails the request
+ * @param {() => number | undefined} [o.freshTokens] remote: the prompt tokens P computed for this
+ *   request (its suffix), read when the pull starts: that part of the pull is KV P streams as its
+ *   prefill's layers finish and stalls neither end; the rest (P's cached context) does, as a mesh
+ *   fetch (sim/model/fabric.mjs). Unknown: all of it stalls
  * @param {boolean} [o.hold] prefill: keep the blocks for a handle
  * @returns {Sequence}
  */
-export function submit(state, seqKind, { hashes, tokens, maxTokens, rec, source, awaitSource, hold }) {
+export function submit(state, seqKind, { hashes, tokens, maxTokens, rec, source, awaitSource, freshTokens, hold }) {
   const { id, blockTokens, core } = state;
   const seq = new Sequence({
     kind: seqKind,
@@ -74,7 +78,10 @@ export function submit(state, seqKind, { hashes, tokens, maxTokens, rec, source,
               if (rec) Object.assign(rec, { localityMissBlocks: misses, remoteEngineId: from });
             }
             // a pull that waited for its P starts when P is there (now), else at the admitting step
-            const r = await state.time.fabric.transfer(from, id, missing * state.figures.kvBytesPerToken, awaitSource ? undefined : at);
+            const fresh = freshTokens?.();
+            const held = fresh === undefined ? missing : Math.max(0, missing - fresh);
+            const { kvBytesPerToken } = state.figures;
+            const r = await state.time.fabric.transfer(from, id, missing * kvBytesPerToken, awaitSource ? undefined : at, held * kvBytesPerToken);
             if (rec) Object.assign(rec, { transferMs: r.ms, transferBytes: r.bytes, crossGroup: r.crossGroup });
             return r;
           }

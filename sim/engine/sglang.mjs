@@ -84,7 +84,17 @@ async function sglangPrefill(state, call, { room, bHost, bPort, namesMe }) {
   const queueMs = seq.admittedAt - seq.arrival;
   const prefillMs = seq.firstTokenAt - seq.admittedAt;
   Object.assign(rec, { queueMs, prefillMs, kvWaitMs: seq.kvWaitMs });
-  publishRoom(registry, room, { engineId: id, host, bootstrapPort: engine.bootstrapPort, port: engine.port, hashes, queueMs, prefillMs, digest });
+  publishRoom(registry, room, {
+    engineId: id,
+    host,
+    bootstrapPort: engine.bootstrapPort,
+    port: engine.port,
+    hashes,
+    queueMs,
+    prefillMs,
+    digest,
+    computedTokens: tokens - seq.cachedTokens,
+  });
   return await generate(state, res, ctx, {
     seq,
     upstreamMs: 0,
@@ -106,12 +116,14 @@ async function sglangDecode(state, call, { room, bHost, bPort }) {
   // SGLang's decode node takes a request into its PreallocQueue at once: it reserves the KV
   // blocks, then the prefill's sender fills them (srt/disaggregation/decode.py)
   const digests = prompts.map(promptDigest);
+  /** @type {{ upstreamMs: number, readyAt: number, computedTokens?: number }} */
   const source = { upstreamMs: 0, readyAt: 0 };
   const seq = submit(state, 'remote', {
     hashes,
     tokens,
     maxTokens,
     rec,
+    freshTokens: () => source.computedTokens,
     awaitSource: async () => {
       const found = await waitRoom(registry, room, bootstrapTimeoutMs, ctx);
       if (!found) throw Object.assign(new Error(`bootstrap room ${room}: no prefill arrived within ${bootstrapTimeoutMs} ms`), { status: 504 });
@@ -122,7 +134,7 @@ async function sglangDecode(state, call, { room, bHost, bPort }) {
       }
       digests[0] = found.digest ?? digest;
       if (digests[0] !== digest) state.stats.foreignHandleReads++;
-      Object.assign(source, { upstreamMs: found.queueMs + found.prefillMs, readyAt: state.time.clock.now() });
+      Object.assign(source, { upstreamMs: found.queueMs + found.prefillMs, readyAt: state.time.clock.now(), computedTokens: found.computedTokens });
       return found.engineId;
     },
   });

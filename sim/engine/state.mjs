@@ -183,7 +183,7 @@ export function createState(options) {
     maxNumSeqs: figures.maxNumSeqs,
     preemption: figures.preemption,
     stallLoadBytesPerMs: figures.stallLoadBytesPerMs,
-    moved: (at) => state.time.fabric.landed(id, at) + state.time.fabric.sent(id, at),
+    moved: (at) => state.time.fabric.stalling(id, at),
   });
   registerLink(state);
   return state;

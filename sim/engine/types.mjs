@@ -79,7 +79,7 @@
  * @property {Map<string, Engine>} engines
  * @property {Map<string, RoomEntry>} rooms
  * @property {Map<string, Set<(entry: RoomEntry) => void>>} roomWaiters
- * @property {Map<string, { queueMs: number, prefillMs: number }>} prefills
+ * @property {Map<string, { queueMs: number, prefillMs: number, computedTokens?: number }>} prefills
  * @property {Map<string, true>} claimedRooms `engineId/room` taken as a prefill leg by a `both` engine
  * @property {Map<string, HeldKv>} handles vLLM KV handles by `remote_engine_id/remote_request_id` (and Mooncake transfers by `mc/engine/transfer_id`)
  * @property {Map<string, TransferEntry>} transfers Mooncake prefills by `engineId/transfer_id`
@@ -88,9 +88,9 @@
  *   its network, one per time scale (a cluster normally has one; the test suite mixes two)
  *
  * @typedef {{ key: string, engineId: string, digest: string, blocks: number, state: 'held' | 'read' | 'released' | 'expired', free: (how: 'read' | 'released' | 'expired') => void }} HeldKv
- * @typedef {{ engineId: string, mooncakeEngineId: string, hashes: string[], digest: string, queueMs: number, prefillMs: number }} TransferEntry
+ * @typedef {{ engineId: string, mooncakeEngineId: string, hashes: string[], digest: string, queueMs: number, prefillMs: number, computedTokens?: number }} TransferEntry
  *
- * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number, digest?: string, aborted?: boolean }} RoomEntry
+ * @typedef {{ engineId: string, host: string, bootstrapPort: number, port: number, hashes: string[], queueMs: number, prefillMs: number, digest?: string, aborted?: boolean, computedTokens?: number }} RoomEntry
  */
 
 /**

@@ -41,7 +41,7 @@ export async function vllmPrefill(state, call) {
     return;
   }
   if (p.seq.state !== 'finished') return refuse(state, res, p.seq);
-  if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs });
+  if (requestId) remember(registry.prefills, requestId, { queueMs: p.queueMs, prefillMs: p.prefillMs, computedTokens: tokens - p.cachedTokens });
   const totalBlocks = Math.ceil(tokens / blockTokens);
   state.stats.outputTokens += prompts.length;
   /** @type {Record<string, unknown> | undefined} */
@@ -129,7 +129,7 @@ export async function vllmDecode(state, call) {
   rec.leg = 'vllmDecode';
   // D counts the KV it pulled as cached (num_cached_tokens includes external tokens)
   return await generate(state, res, ctx, {
-    seq: submit(state, 'remote', { hashes, tokens, maxTokens, rec, source }),
+    seq: submit(state, 'remote', { hashes, tokens, maxTokens, rec, source, freshTokens: () => upstream?.computedTokens }),
     upstreamMs: upstream ? upstream.queueMs + upstream.prefillMs : 0,
     usage: usageOf(state, tokens, maxTokens, tokens),
     recordLatency: true,

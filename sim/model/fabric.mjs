@@ -8,11 +8,15 @@
 // spine's oversubscription) and waits `crossGroupLatencyMs` more before its first byte. Rates are
 // recomputed whenever a transfer starts or ends.
 //
-// Both ends pay for what moves: the bytes landed on an engine and the bytes read out of it during
-// one of its steps lengthen that step by bytes / its effective load rate (sim/model/scheduler.mjs:
-// the step loop stalls while KV moves through its HBM). That is seed 000's collision of KV
-// transfers with decode steps, on the decode node pulling and on the node a prefix is fetched
-// from; the rate is fitted (docs/simulator.md).
+// Both ends pay for held KV that moves: the stalling bytes landed on an engine and read out of it
+// during one of its steps lengthen that step by bytes / its effective load rate
+// (sim/model/scheduler.mjs: the step loop stalls while KV moves through its HBM). A transfer says
+// how many of its bytes stall (`stallBytes`, default all): a prefix fetched from the mesh and the
+// cached context a decode node re-pulls from P stall; the KV a prefill has just computed for this
+// request, streamed to D as its layers finish, does not (seed 000's own rows: P+D affinity's and
+// the 1P+1D baseline's ITL p99 equal their TPOT p99 though every turn moves its new KV from P to
+// D). That is seed 000's collision of KV transfers with decode steps, on the decode node pulling
+// and on the node a prefix is fetched from; the rate is fitted (docs/simulator.md).
 import { SimClock } from './clock.mjs';
 
 /**
@@ -25,7 +29,7 @@ import { SimClock } from './clock.mjs';
  * @property {number} crossGroupShare share (0..1] of the link rate a cross-group transfer gets
  * @property {number} crossGroupLatencyMs extra latency of a cross-group transfer
  *
- * @typedef {{ from: string, to: string, remaining: number, bytes: number, rate: number, crossGroup: boolean, startedAt: number, doneAt?: number, done: (r: TransferResult) => void }} Transfer
+ * @typedef {{ from: string, to: string, remaining: number, bytes: number, stallShare: number, rate: number, crossGroup: boolean, startedAt: number, doneAt?: number, done: (r: TransferResult) => void }} Transfer
  * @typedef {{ ms: number, bytes: number, crossGroup: boolean, at: number }} TransferResult
  *   at: the simulated time the last byte landed (the event's own time, however late it ran)
  */
@@ -38,7 +42,7 @@ export class Fabric {
     this.clock = clock;
     /** @type {FabricSettings} */
     this.settings = { ...DEFAULT_FABRIC, ...settings };
-    /** @type {Map<string, LinkSpec & { landed: number, sent: number, in: number, out: number }>} */
+    /** @type {Map<string, LinkSpec & { landed: number, sent: number, stalling: number, in: number, out: number }>} */
     this.nodes = new Map();
     /** @type {Set<Transfer>} */
     this.active = new Set();
@@ -50,7 +54,7 @@ export class Fabric {
   /** @param {string} id @param {LinkSpec} link */
   register(id, link) {
     const known = this.nodes.get(id);
-    this.nodes.set(id, { landed: known?.landed ?? 0, sent: known?.sent ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
+    this.nodes.set(id, { landed: known?.landed ?? 0, sent: known?.sent ?? 0, stalling: known?.stalling ?? 0, in: known?.in ?? 0, out: known?.out ?? 0, ...link });
   }
 
   /** @param {Partial<FabricSettings>} settings */
@@ -71,9 +75,11 @@ export class Fabric {
    * @param {string} from @param {string} to @param {number} bytes
    * @param {number} [at] the simulated time it starts (the caller's event time; default now): a
    *   caller whose event the event loop ran late must not start its transfer late
+   * @param {number} [stallBytes] how many of the bytes stall both ends' step loops (default all;
+   *   a prefill's fresh KV does not)
    * @returns {Promise<TransferResult>}
    */
-  transfer(from, to, bytes, at) {
+  transfer(from, to, bytes, at, stallBytes = bytes) {
     const now = this.clock.now();
     const startedAt = at !== undefined && Number.isFinite(at) ? Math.min(at, now) : now;
     const crossGroup = this.crossesGroups(from, to);
@@ -84,7 +90,8 @@ export class Fabric {
         // (its time counts from where it could start, not from the caller's lag)
         const from0 = Math.max(startedAt, this.lastAdvance - latency);
         /** @type {Transfer} */
-        const t = { from, to, bytes, remaining: Math.max(0, bytes), rate: 0, crossGroup, startedAt: from0, done: resolve };
+        const stallShare = bytes > 0 ? Math.min(1, Math.max(0, stallBytes / bytes)) : 0;
+        const t = { from, to, bytes, stallShare, remaining: Math.max(0, bytes), rate: 0, crossGroup, startedAt: from0, done: resolve };
         this.#advance(when);
         this.active.add(t);
         this.#count(t, 1);
@@ -113,6 +120,16 @@ export class Fabric {
     return this.nodes.get(id)?.sent ?? 0;
   }
 
+  /**
+   * Bytes landed on or read out of an engine so far that stall its step loop (each transfer's
+   * stalling share of what moved).
+   * @param {string} id @param {number} [at] up to this simulated time (default now)
+   */
+  stalling(id, at = this.clock.now()) {
+    this.#advance(at);
+    return this.nodes.get(id)?.stalling ?? 0;
+  }
+
   /** Transfers running out of an engine now. @param {string} id */
   outgoing(id) {
     return this.nodes.get(id)?.out ?? 0;
@@ -127,7 +144,7 @@ export class Fabric {
     this.next?.cancel();
     this.next = undefined;
     this.active.clear();
-    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, sent: 0, in: 0, out: 0 });
+    for (const n of this.nodes.values()) Object.assign(n, { landed: 0, sent: 0, stalling: 0, in: 0, out: 0 });
   }
 
   /** @param {Transfer} t @param {number} d */
@@ -150,10 +167,7 @@ export class Fabric {
       if (t.doneAt === undefined && t.rate > 0 && t.rate * dt >= t.remaining) t.doneAt = since + t.remaining / t.rate;
       const moved = Math.min(t.remaining, t.rate * dt);
       t.remaining -= moved;
-      const to = this.nodes.get(t.to);
-      if (to) to.landed += moved;
-      const from = this.nodes.get(t.from);
-      if (from) from.sent += moved;
+      this.#moved(t, moved);
     }
   }
 
@@ -192,13 +206,24 @@ export class Fabric {
     });
   }
 
+  /** Count bytes of a transfer as moved at both ends. @param {Transfer} t @param {number} bytes */
+  #moved(t, bytes) {
+    const to = this.nodes.get(t.to);
+    const from = this.nodes.get(t.from);
+    if (to) {
+      to.landed += bytes;
+      to.stalling += bytes * t.stallShare;
+    }
+    if (from) {
+      from.sent += bytes;
+      from.stalling += bytes * t.stallShare;
+    }
+  }
+
   /** @param {Transfer} t @param {number} now */
   #finish(t, now) {
     if (!this.active.delete(t)) return;
-    const to = this.nodes.get(t.to);
-    if (to && t.remaining > 0) to.landed += t.remaining;
-    const from = this.nodes.get(t.from);
-    if (from && t.remaining > 0) from.sent += t.remaining;
+    if (t.remaining > 0) this.#moved(t, t.remaining);
     t.remaining = 0;
     this.#count(t, -1);
     const end = t.doneAt !== undefined ? Math.min(now, t.doneAt) : now;

@@ -48,4 +48,31 @@ describe('time model over HTTP', () => {
     expect(itl.some((x) => x >= 16 * 1.5)).toBe(true);
     expect(eng('d0').stats().ingestStallMs).toBeGreaterThan(0);
   });
+
+  /** P's leg of request `id` on p0, then its D leg on d0 while d0 decodes another request: d0's step time lost to the pull. */
+  async function pullWhileDecoding(prompt, id) {
+    const pRes = await post('p0', { prompt, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } }, { 'x-request-id': id });
+    expect(pRes.status).toBe(200);
+    const { kv_transfer_params: kv } = await pRes.json();
+    const long = post('d0', { prompt: 'x', max_tokens: 25, stream: false, kv_transfer_params: null });
+    await new Promise((r) => setTimeout(r, 60));
+    // the 20-block pull lands on d0 while it decodes (100 ms at the link's rate)
+    const pull = post('d0', { prompt, max_tokens: 1, kv_transfer_params: kv }, { 'x-request-id': id });
+    expect((await pull).status).toBe(200);
+    await long;
+    return eng('d0').stats().ingestStallMs;
+  }
+
+  it("a decode node's pull of the KV its P just computed for the request does not stall its steps (seed 000: P+D affinity's ITL p99 is its TPOT p99)", async () => {
+    // P prefilled all 20 blocks for this request: it streams them as its layers finish
+    expect(await pullWhileDecoding(blocks('f', 20), 'fresh')).toBe(0);
+  });
+
+  it("a decode node's pull of context its P held from before stalls its steps, as a mesh fetch does", async () => {
+    const prompt = blocks('h', 20);
+    // an earlier request left the prompt in p0's cache: this request's P leg computes none of it
+    const warm = await post('p0', { prompt, max_tokens: 1 }, { 'x-request-id': 'warm' });
+    expect(warm.status).toBe(200);
+    expect(await pullWhileDecoding(prompt, 'held')).toBeGreaterThan(0);
+  });
 });

@@ -144,7 +144,7 @@ function rig({ numBlocks = 100000, stallLoadBytesPerMs = Infinity, maxNumBatched
     maxNumSeqs: 1024,
     preemption: true,
     stallLoadBytesPerMs,
-    moved: () => fabric.landed('d') + fabric.sent('d'),
+    moved: () => fabric.stalling('d'),
   });
   const submit = (o) => core.submit(new Sequence({ kind: 'local', hashes: [], maxTokens: 1, ...o }));
   return { clock, fabric, figures, memory, core, submit };
@@ -258,6 +258,26 @@ describe('fabric (KV transfer over the links)', () => {
     await pull;
     expect(during).toBeGreaterThan(alone * 1.4);
     expect(r.core.stats.stallMs).toBeGreaterThan(0);
+  });
+
+  it("only a transfer's stalling bytes slow the steps at its ends (a prefill's fresh KV streams as its layers finish)", async () => {
+    const r = rig({ link: 100_000, stallLoadBytesPerMs: 200_000 });
+    const decoding = r.submit({ hashes: [], promptTokens: 100, maxTokens: 40 });
+    await decoding.next();
+    const alone = (await decoding.next()).stepMs;
+    // 5 MB of which none stalls: the steps it overlaps are as long as before
+    const fresh = r.fabric.transfer('p', 'd', 5_000_000, undefined, 0);
+    const during = (await decoding.next()).stepMs;
+    await fresh;
+    expect(during).toBeCloseTo(alone, 2);
+    expect(r.core.stats.stallMs).toBe(0);
+    expect(r.fabric.landed('d')).toBeCloseTo(5_000_000, 0);
+    // 5 MB of which 2 MB stall (P's cached context D lacked): 10 ms of steps at 200 kB/ms, both ends counted
+    await r.fabric.transfer('p', 'd', 5_000_000, undefined, 2_000_000);
+    expect(r.fabric.stalling('d')).toBeCloseTo(2_000_000, 0);
+    expect(r.fabric.stalling('p')).toBeCloseTo(2_000_000, 0);
+    for (let t = await decoding.next(); t; t = await decoding.next());
+    expect(r.core.stats.stallMs).toBeCloseTo(10, 6);
   });
 
   it('a remote request holds its blocks while its KV arrives, waiting, not running, and one behind it waits for KV', async () => {

@@ -27,7 +27,7 @@ function pair({ link = 100_000, stallLoadBytesPerMs = 200_000 } = {}) {
       maxNumSeqs: 1024,
       preemption: true,
       stallLoadBytesPerMs,
-      moved: (at) => fabric.landed(id, at) + fabric.sent(id, at),
+      moved: (at) => fabric.stalling(id, at),
     });
     return { core: c, memory };
   };
