@@ -12,11 +12,11 @@ import { runMultiturn } from '../../bench/scenarios/multiturn.mjs';
 // load"). `npm test` must hold on a busy machine; CI runs these on its own (.ci/run).
 
 describe('seed 000 (multiturn --quick): KV transfers collide with decode steps', () => {
-  // At this size (64 turns, a few thousand ITL samples) the ITL p99 of two configurations is
-  // decided by which few steps a landing happens to hit: P+D affinity's ranged 47-60 ms over
-  // runs of the same routing, round-robin's 65-71 ms. What drives the spikes is asserted instead:
-  // how much KV lands on the decode nodes and the step time it costs (gaps of 1.3-1.6x), and the
-  // mechanism conditional disaggregation adds, a local prefill lengthening D's steps (3x).
+  // At this size (64 turns, a few thousand ITL samples) round-robin's ITL p99 is decided by which
+  // few steps a landing happens to hit. What drives the spikes is asserted instead: how much KV
+  // lands on the decode nodes and whether it costs their steps time (held KV does, a prefill's
+  // fresh KV does not), and the mechanism conditional disaggregation adds, a local prefill
+  // lengthening D's steps (3x).
   it('keeping a conversation on its P and D avoids full re-pulls, and with them the KV landing on D; a local prefill on D costs its decodes far more', {
     timeout: 240000,
   }, async () => {
@@ -28,15 +28,16 @@ describe('seed 000 (multiturn --quick): KV transfers collide with decode steps',
     expect(rr.prefillCrossNodeFetches).toBeGreaterThan(0);
     expect(pd.dFullRepullsAfterFirst).toBe(0);
     expect(rr.decodeFullRepulls).toBeGreaterThan(pd.decodeFullRepulls);
-    // round-robin lands more KV on the decode nodes (1.4-1.6x the blocks), and landing costs their
-    // steps time. How much depends on which steps a landing overlaps, which the router's real-time
-    // pacing decides (round-robin 1382.9 ms against P+D affinity's 1417.6 on a CPU-starved machine),
-    // so the comparison is of blocks, and the cost is asserted to be charged
+    // round-robin lands more KV on the decode nodes (1.4-1.6x the blocks). Only held KV costs their
+    // steps time (sim/model/fabric.mjs): round-robin's re-pulls of a context its P had cached do;
+    // P+D affinity's D holds each conversation's context and pulls only what P just computed for
+    // the turn, which streams and stalls nothing (seed 000: P+D affinity's ITL p99 is its TPOT p99).
+    // How much round-robin loses depends on which steps a landing overlaps (the router's real-time
+    // pacing), so that it is charged is asserted, not its size
     expect(rr.dBlocksPulled).toBeGreaterThan(pd.dBlocksPulled * 1.2);
-    for (const r of [rr, pd]) {
-      expect(r.dLandingMs).toBeGreaterThan(0);
-      expect(r.dLandingShare).toBeGreaterThan(0);
-    }
+    expect(rr.dLandingMs).toBeGreaterThan(0);
+    expect(rr.dLandingShare).toBeGreaterThan(0);
+    expect(pd.dLandingMs).toBe(0);
     expect(pd.pHitRatio).toBeGreaterThan(rr.pHitRatio);
     // conditional with the threshold above a turn's new tokens: D prefills every later turn itself
     // (48 of 64 while each conversation keeps its D), pulls mostly first turns, and its prefill
