@@ -54,13 +54,21 @@ describe('time model over HTTP', () => {
     const pRes = await post('p0', { prompt, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } }, { 'x-request-id': id });
     expect(pRes.status).toBe(200);
     const { kv_transfer_params: kv } = await pRes.json();
-    const long = post('d0', { prompt: 'x', max_tokens: 25, stream: false, kv_transfer_params: null });
+    // 200 tokens (3.2 s) of decoding on d0, so the pull overlaps it even on a slow machine; left once the pull answered
+    const client = new AbortController();
+    const long = fetch(eng('d0').url + '/v1/completions', {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'x', max_tokens: 200, stream: true, kv_transfer_params: null }),
+      signal: client.signal,
+    }).then((res) => res.text());
     await new Promise((r) => setTimeout(r, 60));
     // the 20-block pull lands on d0 while it decodes (100 ms at the link's rate)
-    const pull = post('d0', { prompt, max_tokens: 1, kv_transfer_params: kv }, { 'x-request-id': id });
-    expect((await pull).status).toBe(200);
-    await long;
-    return eng('d0').stats().ingestStallMs;
+    const pull = await post('d0', { prompt, max_tokens: 1, kv_transfer_params: kv }, { 'x-request-id': id });
+    expect(pull.status).toBe(200);
+    const stallMs = eng('d0').stats().ingestStallMs;
+    client.abort();
+    await long.catch(() => undefined);
+    return stallMs;
   }
 
   it("a decode node's pull of the KV its P just computed for the request does not stall its steps (seed 000: P+D affinity's ITL p99 is its TPOT p99)", async () => {
