@@ -33,16 +33,24 @@ describe('time model over HTTP', () => {
   });
 
   it('slows decode steps by the sequences decoding and by KV landing on the node', async () => {
-    const long = post('d0', { prompt: 'x', max_tokens: 25, stream: false, kv_transfer_params: null });
+    // 200 tokens (3.2 s) of decoding on d0, so the pull overlaps it even on a slow machine; left once the pull answered
+    const client = new AbortController();
+    const long = fetch(eng('d0').url + '/v1/completions', {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'x', max_tokens: 200, stream: true, kv_transfer_params: null }),
+      signal: client.signal,
+    }).then((res) => res.text());
     await new Promise((r) => setTimeout(r, 60));
-    // a 20-block pull lands on d0 while it decodes (100 ms at the link's rate)
-    const pull = post('d0', {
+    // a 20-block pull lands on d0 while it decodes (100 ms at the link's rate); its P is unknown, so all of it stalls
+    const pull = await post('d0', {
       prompt: blocks('z', 20),
       max_tokens: 1,
       kv_transfer_params: { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'p0', remote_block_ids: [], remote_host: '127.0.0.1', remote_port: eng('p0').port },
     });
-    await Promise.all([long, pull]);
-    const itl = eng('d0').stats().itlMs;
+    expect(pull.status).toBe(200);
+    const itl = [...eng('d0').stats().itlMs];
+    client.abort();
+    await long.catch(() => undefined);
     expect(itl.some((x) => Math.abs(x - 16) < 0.01)).toBe(true); // alone: 15 + 1
     // while KV lands at the link's rate, landing costs the step as much again (5 ms a block each)
     expect(itl.some((x) => x >= 16 * 1.5)).toBe(true);
