@@ -166,7 +166,7 @@ export const SEED000_STALL_LOAD_SHARE = 0.004;
 /** seed 002: achieved share of peak FLOPs in prefill; fit: colocated cache-aware TTFT p50 0.731 s */
 export const SEED002_MFU = 0.85;
 /** seed 002: fixed cost of an eager-mode step, ms; fit: PD 4P+4D TPOT p90 74 ms */
-export const SEED002_STEP_OVERHEAD_MS = 63.5;
+export const SEED002_STEP_OVERHEAD_MS = 58.5;
 
 /** @type {Record<string, Preset>} */
 export const PRESETS = {
