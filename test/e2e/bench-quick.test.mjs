@@ -83,7 +83,14 @@ describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
     expect(cond.decisions['local/cached']).toBeGreaterThan(0);
     expect(cond.decisions['disaggregated/cold']).toBeGreaterThan(0);
     expect(by['pd-6p2d/cache_aware'].modes).toEqual({ disaggregated: 60 });
-    expect(report.skipped.map((s) => s.name)).toEqual(['pd-4p4d/cache_aware', 'pd-6p2d/fire-and-forget', 'both-8/conditional', 'pd-4p4d/predicted', 'both-8/predicted']);
+    expect(report.skipped.map((s) => s.name)).toEqual([
+      'pd-4p4d/cache_aware',
+      'pd-6p2d/fire-and-forget',
+      'both-8/conditional',
+      'pd-4p4d/predicted',
+      'colocated-8/cache_aware+signals',
+      'both-8/predicted',
+    ]);
     // the study's PD rows ran in await mode (prefill answered, then decode)
     expect(by['pd-6p2d/cache_aware'].dispatch).toBe('await');
     expect(by['colocated-8/cache_aware'].dispatch).toBe('colocated');
