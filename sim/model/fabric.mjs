@@ -16,8 +16,9 @@
 // request, streamed to D as its layers finish, does not (seed 000's own rows: P+D affinity's and
 // the 1P+1D baseline's ITL p99 equal their TPOT p99 though every turn moves its new KV from P to
 // D; the hook a connector streams it by: vLLM vllm/distributed/kv_transfer/kv_connector/v1/base.py
-// `save_kv_layer`, "starts saving KV for layer i (maybe async)", called inside P's forward). That is seed 000's collision of KV transfers with decode steps, on the decode node pulling
-// and on the node a prefix is fetched from; the rate is fitted (docs/simulator.md).
+// `save_kv_layer`, "starts saving KV for layer i (maybe async)", called inside P's forward). That
+// is seed 000's collision of KV transfers with decode steps, on the decode node pulling and on the
+// node a prefix is fetched from; the rate is fitted (docs/simulator.md).
 import { SimClock } from './clock.mjs';
 
 /**
