@@ -32,29 +32,49 @@ describe('time model over HTTP', () => {
     expect(ttft).toBeLessThan(102.4 + 15);
   });
 
-  it('slows decode steps by the sequences decoding and by KV landing on the node', async () => {
-    // 200 tokens (3.2 s) of decoding on d0, so the pull overlaps it even on a slow machine; left once the pull answered
+  /**
+   * `pull()` (a D leg that pulls 20 blocks onto d0, 100 ms at the link's rate) while d0 decodes
+   * another request: 200 tokens (3.2 s), its first token read before the pull starts, so the pull
+   * overlaps it even on a slow machine. d0's stats once the pull answered; the decode is left then.
+   */
+  async function duringDecode(pull) {
     const client = new AbortController();
-    const long = fetch(eng('d0').url + '/v1/completions', {
+    const res = await fetch(eng('d0').url + '/v1/completions', {
       method: 'POST',
       body: JSON.stringify({ prompt: 'x', max_tokens: 200, stream: true, kv_transfer_params: null }),
       signal: client.signal,
-    }).then((res) => res.text());
-    await new Promise((r) => setTimeout(r, 60));
-    // a 20-block pull lands on d0 while it decodes (100 ms at the link's rate); its P is unknown, so all of it stalls
-    const pull = await post('d0', {
-      prompt: blocks('z', 20),
-      max_tokens: 1,
-      kv_transfer_params: { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'p0', remote_block_ids: [], remote_host: '127.0.0.1', remote_port: eng('p0').port },
     });
-    expect(pull.status).toBe(200);
-    const itl = [...eng('d0').stats().itlMs];
+    const reader = res.body.getReader();
+    await reader.read(); // d0 decodes it now
+    await new Promise((r) => setTimeout(r, 60)); // a few steps of it alone
+    const answer = await pull();
+    expect(answer.status).toBe(200);
+    const { itlMs, ingestStallMs } = eng('d0').stats();
     client.abort();
-    await long.catch(() => undefined);
+    await reader.cancel().catch(() => undefined);
+    return { itlMs: [...itlMs], ingestStallMs };
+  }
+
+  it('slows decode steps by the sequences decoding and by KV landing on the node', async () => {
+    // its P is unknown, so all of the pull stalls
+    const { itlMs: itl, ingestStallMs } = await duringDecode(() =>
+      post('d0', {
+        prompt: blocks('z', 20),
+        max_tokens: 1,
+        kv_transfer_params: {
+          do_remote_prefill: true,
+          do_remote_decode: false,
+          remote_engine_id: 'p0',
+          remote_block_ids: [],
+          remote_host: '127.0.0.1',
+          remote_port: eng('p0').port,
+        },
+      }),
+    );
     expect(itl.some((x) => Math.abs(x - 16) < 0.01)).toBe(true); // alone: 15 + 1
     // while KV lands at the link's rate, landing costs the step as much again (5 ms a block each)
     expect(itl.some((x) => x >= 16 * 1.5)).toBe(true);
-    expect(eng('d0').stats().ingestStallMs).toBeGreaterThan(0);
+    expect(ingestStallMs).toBeGreaterThan(0);
   });
 
   /** P's leg of request `id` on p0, then its D leg on d0 while d0 decodes another request: d0's step time lost to the pull. */
@@ -62,21 +82,8 @@ describe('time model over HTTP', () => {
     const pRes = await post('p0', { prompt, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } }, { 'x-request-id': id });
     expect(pRes.status).toBe(200);
     const { kv_transfer_params: kv } = await pRes.json();
-    // 200 tokens (3.2 s) of decoding on d0, so the pull overlaps it even on a slow machine; left once the pull answered
-    const client = new AbortController();
-    const long = fetch(eng('d0').url + '/v1/completions', {
-      method: 'POST',
-      body: JSON.stringify({ prompt: 'x', max_tokens: 200, stream: true, kv_transfer_params: null }),
-      signal: client.signal,
-    }).then((res) => res.text());
-    await new Promise((r) => setTimeout(r, 60));
-    // the 20-block pull lands on d0 while it decodes (100 ms at the link's rate)
-    const pull = await post('d0', { prompt, max_tokens: 1, kv_transfer_params: kv }, { 'x-request-id': id });
-    expect(pull.status).toBe(200);
-    const stallMs = eng('d0').stats().ingestStallMs;
-    client.abort();
-    await long.catch(() => undefined);
-    return stallMs;
+    const { ingestStallMs } = await duringDecode(() => post('d0', { prompt, max_tokens: 1, kv_transfer_params: kv }, { 'x-request-id': id }));
+    return ingestStallMs;
   }
 
   it("a decode node's pull of the KV its P just computed for the request does not stall its steps (seed 000: P+D affinity's ITL p99 is its TPOT p99)", async () => {
