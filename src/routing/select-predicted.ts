@@ -48,6 +48,12 @@ export interface PredictedQuestion {
   /** pdGroup strict: a pair stays inside one group */
   sameGroup: boolean;
   kvBusy: number;
+  /**
+   * every node of both pools prefills and decodes (`both` nodes, as colocated serving): the
+   * decode policy's first D alone is the policies' pick, and only another node alone may take the
+   * request from it (choosePredicted)
+   */
+  allBoth?: boolean;
 }
 
 /**
@@ -82,6 +88,14 @@ const score = (c: PredictedChoice): number => c.ttftMs + c.harmMs;
  * first (`both` nodes) and it may prefill alone — keeps the request unless that option beats it by
  * the margin (predict.ts STICKY_MARGIN). Null when there is no option at all (one
  * node that may not prefill alone).
+ *
+ * On a pool of `both` nodes (`allBoth`) every option prefills beside decoding sequences, so the
+ * harm only says whose steps to lengthen, and moving a request off its warm node for it recomputes
+ * the prefix there: the decode policy's first D alone (colocated serving's choice) is the pick, and
+ * another node alone takes the request only when predicted faster by the margin and no worse on
+ * TTFT plus harm. A split between two `both` nodes is not taken over D alone: measured request by
+ * request, every one was slower than the same request colocated (docs/predicted-log.md, stops 41, 44).
+ * When that D may not prefill alone (no KV room, `localPrefill` off) the rule above applies.
  */
 export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const firstD = q.decodes[0];
@@ -102,6 +116,7 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   const perSeq = priced ? q.decodes.reduce((sum, d) => sum + d.node.rates.decodeMsPerSeq, 0) / q.decodes.length : 0;
   const loads = q.decodes.map((d) => (priced ? decodeLoadMs(d.node, perSeq) : 0));
   const least = Math.min(...loads);
+  const locals: PredictedChoice[] = [];
 
   for (let j = 0; j < q.decodes.length; j++) {
     const d = q.decodes[j]!;
@@ -126,8 +141,9 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
       bestAt < 0 ? null : { mode: "disaggregated", prefill: prefills[bestAt]!.id, decode: d.id, ttftMs: bestMs, harmMs: harmOfP[bestAt]! + load };
     const local = d.localPrefill && hasKvRoom(d.kvUsage, d.kvCapacityTokens, d.size.promptTokens, q.kvBusy) ? localPrediction(d.node, d.size) : null;
     const localChoice: PredictedChoice | null = local ? { mode: "local", decode: d.id, ttftMs: local.ttftMs, harmMs: local.harmMs + load } : null;
-    // both policies put one node first (`both` nodes): their own pick is that node alone
-    if (d === firstD && localChoice && prefills[0]?.id === d.id) incumbent = localChoice;
+    // both policies put one node first (`both` nodes), or every node is one: their own pick is that node alone
+    if (d === firstD && localChoice && (q.allBoth === true || prefills[0]?.id === d.id)) incumbent = localChoice;
+    if (localChoice) locals.push(localChoice);
     const options: PredictedChoice[] = [...(bestHere ? [bestHere] : []), ...(localChoice ? [localChoice] : [])];
     for (const o of options) if (best === null || score(o) < score(best)) best = o;
     const f: NodeFigures = {
@@ -143,6 +159,11 @@ export function choosePredicted(q: PredictedQuestion): PredictedAnswer | null {
   });
   if (best === null) return null;
   const keep = incumbent as PredictedChoice | null;
+  if (q.allBoth === true && keep !== null && keep.mode === "local") {
+    let faster: PredictedChoice = keep;
+    for (const o of locals) if (beatsIncumbent(o.ttftMs, keep.ttftMs) && score(o) < score(faster)) faster = o;
+    return { choice: faster, figures };
+  }
   return { choice: keep !== null && !beatsIncumbent(score(best), score(keep)) ? keep : best, figures };
 }
 
@@ -182,6 +203,7 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
       .map((id) => nodeById(pool.nodes, id))
       .filter((n): n is CandidateNode => n !== undefined);
   const prefillIds = new Set(prefillPool.nodes.map((n) => n.id));
+  const decodeIds = new Set(decodePool.nodes.map((n) => n.id));
   const answer = choosePredicted({
     prefills: optionsOf(prefill, prefillPool).map((n) => ({ id: n.id, group: n.group, node: predictedNode(n), size: sizeOn(n, "prefill") })),
     decodes: optionsOf(decode.value, decodePool).map((n) => ({
@@ -195,6 +217,7 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
     })),
     sameGroup: input.policy.pdGroup === "strict",
     kvBusy: input.guard?.kvBusy ?? 1,
+    allBoth: prefillIds.size === decodeIds.size && [...decodeIds].every((id) => prefillIds.has(id)),
   });
   if (answer === null) {
     if (prefill.usedRoundRobin) cursors.prefill += 1;

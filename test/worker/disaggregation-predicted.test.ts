@@ -191,6 +191,36 @@ describe("predicted: the prefills running on a node are priced at their own cont
   });
 });
 
+describe("predicted: on a pool of both nodes the decode policy's D alone is the pick", () => {
+  it("a request the two policies rank onto different both nodes prefills alone on the decode policy's node, as colocated serving would, not split between them", async () => {
+    // two `both` nodes (sim engines that prefill alone what comes without a transfer)
+    const nodes = [
+      { id: "d0", role: "both" as const },
+      { id: "d1", role: "both" as const },
+    ];
+    const turns = Array.from({ length: 16 }, (_, k) => conversation(`all-both-${k}`));
+    // the policies' own picks (affinity: fixed keys), read with every request split
+    await putNodes(nodes, { ...predicted(), policy: { prefill: "affinity", decode: "affinity", disaggregation: "always" } });
+    await poll();
+    const picks: Array<{ p: string; d: string }> = [];
+    for (const t of turns) {
+      const r = await explain(t(1));
+      picks.push({ p: r.prefill.id, d: r.decode.id });
+    }
+    // the case this test is about: some conversation the prefill policy puts on the other node
+    expect(picks.some((x) => x.p !== x.d)).toBe(true);
+
+    // predicted, nothing queued or decoding anywhere: a split pays D's hand-off and the transfer,
+    // within 20% of D alone; on a pool of both nodes D alone is the pick, not the policies' pair
+    await putNodes(nodes, predicted());
+    await poll();
+    for (const [k, t] of turns.entries()) {
+      const r = await explain(t(1));
+      expect(r, `conversation ${k}`).toMatchObject({ mode: "local", reason: "predicted", decode: { id: picks[k]!.d } });
+    }
+  });
+});
+
 describe("predicted: a both node as P pays the decode harm of the prefill it would run", () => {
   it("/v1/route shows decodeHarmMs on a both node's P figure while it decodes a stream, and none on a prefill-only P", async () => {
     const nodes = P_BOTH_D;

@@ -237,6 +237,38 @@ describe("the predicted choice (pure)", () => {
     expect(choosePredicted(q(["x", "y"]))!.choice).toMatchObject({ mode: "local", decode: "x" });
     // the prefill policy put y first: the policies' pick is y then x, and x alone does not beat it by 20%
     expect(choosePredicted(q(["y", "x"]))!.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x" });
+    // a pool of `both` nodes: the decode policy's first D alone is the pick whatever the prefill policy ranks first
+    expect(choosePredicted({ ...q(["y", "x"]), allBoth: true })!.choice).toMatchObject({ mode: "local", decode: "x" });
+  });
+
+  it("on a pool of `both` nodes the decode policy's first D alone keeps a request another node would take only for less harm, and yields to a node alone predicted faster by the margin", () => {
+    // x holds 6,000 of the 8,000 tokens and decodes 20 sequences; y is cold and decodes none
+    const q = (xQueued: number, allBoth = true) => {
+      const x = { decoding: 20, prefillTokens: xQueued, prefillRequests: xQueued > 0 ? 1 : 0 };
+      return {
+        prefills: [P("x", x, 2000, 8000), P("y", {}, 8000, 8000)],
+        decodes: [D("x", x, 2000, 8000, { localPrefill: true }), D("y", {}, 8000, 8000, { localPrefill: true })],
+        sameGroup: false,
+        kvBusy: 0.9,
+        allBoth,
+      };
+    };
+    // scored by TTFT plus harm, y alone (no sequence to slow) wins over x alone (20 of them): the
+    // request leaves the node holding its prefix and recomputes it
+    expect(choosePredicted(q(0, false))!.choice).toMatchObject({ mode: "local", decode: "y", harmMs: 0 });
+    // on a pool of `both` nodes that is no reason to move: y alone is predicted slower
+    const kept = choosePredicted(q(0))!;
+    expect(kept.choice).toMatchObject({ mode: "local", decode: "x" });
+    expect(kept.figures.decode.get("y")!.predictedTtftMs).toBeGreaterThan(kept.choice.ttftMs);
+    // x has 30,000 tokens of prefill queued ahead: y alone is predicted faster by more than the
+    // margin, and takes it alone — not y then x, which waits for x's queue all the same
+    const moved = choosePredicted(q(30_000))!;
+    expect(moved.choice).toMatchObject({ mode: "local", decode: "y" });
+    expect(moved.choice.ttftMs).toBeLessThan(moved.figures.decode.get("x")!.localTtftMs! * (1 - STICKY_MARGIN));
+    // when x may not prefill alone (no KV room for the whole prompt) the policies' pair is the
+    // incumbent, as on any pool: y prefills, x decodes
+    const full = choosePredicted({ ...q(0), decodes: q(0).decodes.map((d) => (d.id === "x" ? { ...d, kvUsage: 0.85, kvCapacityTokens: 100_000 } : d)) })!;
+    expect(full.choice).toMatchObject({ mode: "disaggregated", prefill: "y", decode: "x" });
   });
 
   it("a split between `both` nodes pays D's hand-off: priced one of D's steps before D has pulled, a short prompt stays on D alone", () => {
