@@ -203,7 +203,6 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
       .map((id) => nodeById(pool.nodes, id))
       .filter((n): n is CandidateNode => n !== undefined);
   const prefillIds = new Set(prefillPool.nodes.map((n) => n.id));
-  const decodeIds = new Set(decodePool.nodes.map((n) => n.id));
   const answer = choosePredicted({
     prefills: optionsOf(prefill, prefillPool).map((n) => ({ id: n.id, group: n.group, node: predictedNode(n), size: sizeOn(n, "prefill") })),
     decodes: optionsOf(decode.value, decodePool).map((n) => ({
@@ -217,7 +216,7 @@ export function selectPredicted(input: SelectionInput, cursors: Decision["cursor
     })),
     sameGroup: input.policy.pdGroup === "strict",
     kvBusy: input.guard?.kvBusy ?? 1,
-    allBoth: prefillIds.size === decodeIds.size && [...decodeIds].every((id) => prefillIds.has(id)),
+    allBoth: prefillPool.nodes.length === decodePool.nodes.length && decodePool.nodes.every((n) => prefillIds.has(n.id)),
   });
   if (answer === null) {
     if (prefill.usedRoundRobin) cursors.prefill += 1;
