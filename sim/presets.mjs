@@ -164,7 +164,7 @@ export const SEED000_MBU = 0.49;
 /** seed 000: effective load rate of a step loop stalled by held KV moving, share of HBM bandwidth; fit: P affinity ITL p99 49.2 ms */
 export const SEED000_STALL_LOAD_SHARE = 0.004;
 /** seed 002: achieved share of peak FLOPs in prefill; fit: colocated cache-aware TTFT p50 0.731 s */
-export const SEED002_MFU = 0.85;
+export const SEED002_MFU = 0.82;
 /** seed 002: fixed cost of an eager-mode step, ms; fit: PD 4P+4D TPOT p90 74 ms */
 export const SEED002_STEP_OVERHEAD_MS = 58.5;
 
@@ -209,7 +209,7 @@ export const PRESETS = {
     hardware: 'h20',
     model: 'qwen3-coder-30b-a3b',
     // FITTED on colocated cache-aware TTFT p50 (0.731 s, seed 002): the prefill rate as a share of
-    // the dense peak. 0.85 is high for a MoE's prefill (its experts' GEMMs are small), but below the
+    // the dense peak. 0.82 is high for a MoE's prefill (its experts' GEMMs are small), but below the
     // H20's peak; with the agentic trace's earlier, narrower cold prompts it had to be 1.3, above it
     // (docs/simulator.md)
     mfu: SEED002_MFU,
