@@ -3,7 +3,7 @@
 // of that run — how many runs it was at or better than the baseline. A single agentic run of the
 // `predicted` rows moves by 10-20 % between runs (docs/predicted.md); one run cannot tell a lever
 // from noise, several runs judged this way can. Pure: the scenario reads the files.
-import { round } from './stats.mjs';
+import { percentile, round } from './stats.mjs';
 
 /**
  * The figures compared, per scenario: the result's key, its label, and whether lower is better.
@@ -93,7 +93,32 @@ export function runsSpread(runs, baseline) {
       }),
     };
   });
-  return { scenario, baseline, runs: runs.map((r) => r.label), rows };
+  return { scenario, baseline, runs: runs.map((r) => r.label), rows, pooled: pooledTtft(runs, names, baseline) };
+}
+
+/**
+ * TTFT p50 / p90 over every request of every run that recorded them (agentic's `ttftsMs`), each
+ * row against the baseline pooled over the same runs: a percentile of a few thousand requests in
+ * place of the median of per-run percentiles of a few hundred, which move in steps. Null when the
+ * baseline's runs carry no per-request TTFTs (runs made before the field).
+ * @param {Array<{ label: string, report: { scenario: string, results: any[] } }>} runs @param {string[]} names @param {string} baseline
+ */
+function pooledTtft(runs, names, baseline) {
+  const ttfts = (/** @type {string} */ name, /** @type {number[]} */ within) => within.flatMap((i) => runs[i].report.results.find((row) => rowName(row) === name)?.ttftsMs ?? []);
+  const withTtfts = (/** @type {string} */ name) => runs.flatMap((r, i) => (Array.isArray(r.report.results.find((row) => rowName(row) === name)?.ttftsMs) ? [i] : []));
+  if (withTtfts(baseline).length === 0) return null;
+  return names.map((name) => {
+    // the runs where both this row and the baseline recorded their requests' TTFTs
+    const both = withTtfts(name).filter((i) => withTtfts(baseline).includes(i));
+    const mine = ttfts(name, both);
+    const base = ttfts(baseline, both);
+    const at = (/** @type {number} */ p) => {
+      const v = mine.length ? percentile(mine, p) : null;
+      const b = base.length ? percentile(base, p) : null;
+      return { ms: v === null ? null : round(v, 1), ratio: v !== null && b !== null && b > 0 ? round(v / b) : null };
+    };
+    return { name, runs: both.length, requests: mine.length, p50: at(50), p90: at(90) };
+  });
 }
 
 /** @param {ReturnType<typeof runsSpread>} s */
@@ -114,6 +139,19 @@ export function runsSpreadMarkdown(s) {
     lines.push(
       `| ${r.name} | ${r.metrics.map((m) => (m.paired ? `${m.ratioMedian}x (${m.ratioMin}-${m.ratioMax}), ${m.atOrBetter} of ${m.paired} at or better` : '-')).join(' | ')} |`,
     );
+  }
+  if (s.pooled) {
+    lines.push(
+      '',
+      `Pooled over every request of the runs that recorded them (each row with ${s.baseline} of the same runs): TTFT p50 and p90 ms, and the ratio to ${s.baseline}.`,
+      '',
+      `| row | runs | requests | TTFT p50 ms | TTFT p90 ms |`,
+      '|---|---|---|---|---|',
+    );
+    for (const r of s.pooled) {
+      const cell = (/** @type {{ ms: number | null, ratio: number | null }} */ x) => (x.ms === null ? '-' : r.name === s.baseline ? num(x.ms) : `${num(x.ms)} (${x.ratio}x)`);
+      lines.push(`| ${r.name} | ${r.runs} | ${r.requests} | ${cell(r.p50)} | ${cell(r.p90)} |`);
+    }
   }
   return lines.join('\n');
 }

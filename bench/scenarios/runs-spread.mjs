@@ -18,7 +18,7 @@ export async function runRunsSpread(options) {
   const table = runsSpreadMarkdown(s);
   const ttft = (/** @type {(typeof s.rows)[number]} */ r) => r.metrics[0];
   return {
-    report: { scenario: 'runs-spread', of: s.scenario, files, baseline: s.baseline, runs: s.runs, results: s.rows },
+    report: { scenario: 'runs-spread', of: s.scenario, files, baseline: s.baseline, runs: s.runs, results: s.rows, pooled: s.pooled },
     table,
     chart: {
       title: `runs-spread: ${s.rows[0].metrics[0].label}, each run (${s.scenario})`,

@@ -67,6 +67,11 @@ describe('seed 002 (agentic --quick): the decode KV memory wall', () => {
       for (const k of ['ttftP50Ms', 'ttftP90Ms', 'tpotP90Ms', 'e2eP50Ms', 'hitRatio', 'decodeKvPeak', 'decodeKvMean', 'kvWaitShare']) expect(Number.isFinite(r[k])).toBe(true);
       expect(r.decodeKvPeak).toBeLessThanOrEqual(1);
       expect(r.kvWaitShare).toBeLessThanOrEqual(1);
+      // every completed request's TTFT, sorted, for runs-spread to pool; its percentiles are the row's
+      expect(r.ttftsMs).toHaveLength(60);
+      expect(r.ttftsMs).toEqual([...r.ttftsMs].sort((a, b) => a - b));
+      expect(r.ttftsMs[Math.ceil(0.5 * 60) - 1]).toBe(r.ttftP50Ms);
+      expect(r.ttftsMs[Math.ceil(0.9 * 60) - 1]).toBe(r.ttftP90Ms);
     }
     // half the decode nodes hold the same requests' KV: about twice the use over the run (the peak
     // alone depends on which long prompts happen to overlap). The margin is the direction's: the

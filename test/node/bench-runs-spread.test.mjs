@@ -84,6 +84,35 @@ describe('runs-spread (pure)', () => {
     expect(() => runsSpread([run, run], 'nope')).toThrow(/no row nope/);
   });
 
+  it('pools every request of the runs that recorded them, each row against the baseline of the same runs', () => {
+    const fill = (/** @type {number} */ n, /** @type {number} */ v) => Array.from({ length: n }, () => v);
+    const run = (/** @type {string} */ label, /** @type {number[] | undefined} */ base, /** @type {number[] | undefined} */ both) => ({
+      label,
+      report: {
+        scenario: 'agentic',
+        results: [
+          { name: 'colocated', ttftP50Ms: 1, ttftP90Ms: 1, ...(base ? { ttftsMs: base } : {}) },
+          { name: 'both', ttftP50Ms: 1, ttftP90Ms: 1, ...(both ? { ttftsMs: both } : {}) },
+        ],
+      },
+    });
+    // per run (10 requests, p90 the 9th): 500 / 100 = 5x and 300 / 200 = 1.5x; pooled over the 20
+    // (p90 the 18th, p50 the 10th): 500 / 200 = 2.5x and 200 / 200
+    const a = run('a', [...fill(9, 100), 1000], [...fill(8, 100), 500, 1000]);
+    const b = run('b', [...fill(9, 200), 2000], [...fill(8, 200), 300, 3000]);
+    // a run made before the field, and one where only the baseline recorded them: left out of the pool
+    const old = run('old', undefined, undefined);
+    const half = run('half', fill(10, 5), undefined);
+    const s = runsSpread([a, b, old, half], 'colocated');
+    expect(s.pooled).toEqual([
+      { name: 'colocated', runs: 3, requests: 30, p50: { ms: 100, ratio: 1 }, p90: { ms: 200, ratio: 1 } },
+      { name: 'both', runs: 2, requests: 20, p50: { ms: 200, ratio: 1 }, p90: { ms: 500, ratio: 2.5 } },
+    ]);
+    expect(runsSpreadMarkdown(s)).toContain('| both | 2 | 20 | 200 (1x) | 500 (2.5x) |');
+    // runs made before the field: no pooled figures
+    expect(runsSpread([old, run('older', undefined, undefined)], 'colocated').pooled).toBeNull();
+  });
+
   it('median of an even count is the mean of the middle two', () => {
     expect(median([4, 1, 3, 2])).toBe(2.5);
     expect(median([5])).toBe(5);
