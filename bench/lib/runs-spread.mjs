@@ -106,10 +106,11 @@ export function runsSpread(runs, baseline) {
 function pooledTtft(runs, names, baseline) {
   const ttfts = (/** @type {string} */ name, /** @type {number[]} */ within) => within.flatMap((i) => runs[i].report.results.find((row) => rowName(row) === name)?.ttftsMs ?? []);
   const withTtfts = (/** @type {string} */ name) => runs.flatMap((r, i) => (Array.isArray(r.report.results.find((row) => rowName(row) === name)?.ttftsMs) ? [i] : []));
-  if (withTtfts(baseline).length === 0) return null;
+  const baseRuns = withTtfts(baseline);
+  if (baseRuns.length === 0) return null;
   return names.map((name) => {
     // the runs where both this row and the baseline recorded their requests' TTFTs
-    const both = withTtfts(name).filter((i) => withTtfts(baseline).includes(i));
+    const both = withTtfts(name).filter((i) => baseRuns.includes(i));
     const mine = ttfts(name, both);
     const base = ttfts(baseline, both);
     const at = (/** @type {number} */ p) => {
