@@ -414,6 +414,7 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
   // every gap between two tokens the decoding engines emitted (a step that also landed KV or ran a prefill chunk shows here)
   const itl = decodeSide.flatMap((e) => e.itlMs ?? []);
   const e2e = ok.map((o) => edge(o) + answered.get(o.id).e2eMs);
+  const generation = ok.map((o) => answered.get(o.id).e2eMs - answered.get(o.id).ttftMs);
   // the router's own time a request, in simulated ms as it would have passed: with the clock held
   // (--router-time held) the real ms it had the request in hand, else what the client waited
   // beyond the engines and the edge queue
@@ -440,10 +441,16 @@ export function agenticFigures(c, outcomes, stats, perRequest, timeScale, metric
     // every completed request's TTFT, sorted: `runs-spread` pools them over several runs, where one
     // run's p90 of 300 requests moves in steps (which long cold prompt is the 270th decides it)
     ttftsMs: ttft.map((x) => round(x, 1)).sort((x, y) => x - y),
+    tpotP50Ms: round(percentile(tpot, 50), 2),
     tpotP90Ms: round(percentile(tpot, 90), 2),
     itlP50Ms: round(percentile(itl, 50), 2),
     itlP99Ms: round(percentile(itl, 99), 2),
     e2eP50Ms: round(percentile(e2e, 50), 1),
+    // what the end to end holds besides the TTFT: the engine's generation time (first token to
+    // last) and the tokens it generated, medians over the requests (the study publishes E2E p50
+    // and TTFT p50 but not these; docs/benchmark-seeds.md reads its E2E with them)
+    decodeP50Ms: round(percentile(generation, 50), 1),
+    outputTokensP50: percentile(ok.map((o) => answered.get(o.id).outputTokens).filter(Number.isFinite), 50),
     // the prefix hit ratio as the engines count it: tokens found in the cache of the engine that
     // computed each prompt (P, the colocated node, or a decode node prefilling alone)
     hitRatio: round(

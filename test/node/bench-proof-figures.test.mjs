@@ -74,10 +74,10 @@ describe('agentic: the client’s time to first token', () => {
     const perRequest = {
       'agentic-s0-t1-abc12345x': {
         p0: { leg: 'mooncakePrefill', promptTokens: 1000, cachedTokens: 600, queueMs: 1000, prefillMs: 2000, kvWaitMs: 400 },
-        d0: { leg: 'mooncakeDecode', ttftMs: 3500, tpotMs: 10, e2eMs: 4500, kvWaitMs: 0, queueMs: 0 },
+        d0: { leg: 'mooncakeDecode', ttftMs: 3500, tpotMs: 10, e2eMs: 4500, outputTokens: 101, kvWaitMs: 0, queueMs: 0 },
       },
       'agentic-s0-t2-abc12345x': {
-        d0: { leg: 'colocated', promptTokens: 2000, cachedTokens: 1800, ttftMs: 1000, tpotMs: 12, e2eMs: 2000, kvWaitMs: 0, queueMs: 200 },
+        d0: { leg: 'colocated', promptTokens: 2000, cachedTokens: 1800, ttftMs: 1000, tpotMs: 12, e2eMs: 2000, outputTokens: 81, kvWaitMs: 0, queueMs: 200 },
       },
     };
     const outcomes = [
@@ -97,6 +97,9 @@ describe('agentic: the client’s time to first token', () => {
     // the prefix hit ratio of the engines that computed the prompts: P's, and D's own when alone
     expect(f.hitRatio).toBe(round4((600 + 1800) / 3000));
     expect(f.edgeWaitShare).toBe(round4(500 / (4000 + 1000)));
+    // the generation time (E2E less TTFT; the edge wait, 500 ms on the first, in neither) and the
+    // tokens generated, medians (nearest rank, the lower of two) of (1000, 1000) and (81, 101)
+    expect(f).toMatchObject({ tpotP50Ms: 10, decodeP50Ms: 1000, outputTokensP50: 81 });
     const b = ttftBreakdown(
       outcomes.slice(0, 2),
       new Map(Object.entries({ 'agentic-s0-t1': perRequest['agentic-s0-t1-abc12345x'].d0, 'agentic-s0-t2': perRequest['agentic-s0-t2-abc12345x'].d0 })),
