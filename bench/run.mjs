@@ -47,7 +47,7 @@ tiers:      --seconds 90 --load 2 --probe-seconds 30 --probe-concurrency 48 --un
               bench/results/ (multiturn, agentic, agentic-ablation, agentic-breakdown); writes
               bench/results/seeds.json and the table of docs/benchmark-seeds.md; runs nothing itself
   seeds-spread --dirs A,B,... [--labels a,b,...]: the scorecards of several directories of runs
-              (scripts/seeds-runs.sh DIR [busy-loops]) side by side, and which comparisons change direction
+              (scripts/seeds-runs.sh DIR [busy-loops]) side by side, which comparisons change direction, and each ratio pooled (geometric mean)
   runs-spread --files A.json,B.json,... --baseline ROW [--labels a,b,...]: several agentic or multiturn runs
               side by side: each row's median and range, and its ratio to ROW of the same run (in how many
               runs at or better); runs nothing itself

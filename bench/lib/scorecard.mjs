@@ -463,6 +463,7 @@ export function spread(runs) {
       stable: new Set(directions.filter((d) => d !== null)).size <= 1,
       min: ratios.length ? Math.min(...ratios) : null,
       max: ratios.length ? Math.max(...ratios) : null,
+      pooled: pooledRow(row.publishedRatio, each),
     };
   });
   return {
@@ -470,8 +471,30 @@ export function spread(runs) {
     rows,
     stable: rows.filter((r) => r.stable).length,
     changed: rows.filter((r) => !r.stable).map((r) => r.n),
+    pooled: { direction: rows.filter((r) => r.pooled.direction).length, within: rows.filter((r) => r.pooled.within).length },
   };
 }
+
+/**
+ * One comparison judged over several runs at once: the geometric mean of its ratio (the mean of
+ * the logs the effect size is measured on), scored as one run's would be. Runs of one build on
+ * different samples of a workload (trace seeds) differ by sampling, and a single sample's count
+ * carries that spread; the pooled ratio is the estimate of what the workload gives. A comparison
+ * some run has no finite ratio for (a count of 0 below it, or a missing run) is not pooled: it
+ * points the published way, or lands within, only if every run's does.
+ * @param {number} publishedRatio @param {(ScoreRow | undefined)[]} each
+ * @returns {{ ratio: number | null, direction: boolean, within: boolean }}
+ */
+export function pooledRow(publishedRatio, each) {
+  const ratios = each.map((r) => (r?.ours ? r.oursRatio : null));
+  if (ratios.length && ratios.every((x) => typeof x === 'number' && Number.isFinite(x) && x > 0)) {
+    const ratio = Math.exp(ratios.reduce((sum, x) => sum + Math.log(/** @type {number} */ (x)), 0) / ratios.length);
+    return { ratio: r3(ratio), ...pick(score(publishedRatio, ratio)) };
+  }
+  return { ratio: null, direction: each.length > 0 && each.every((r) => !!r?.ours && r.direction), within: each.length > 0 && each.every((r) => !!r?.ours && r.within) };
+}
+
+const pick = (/** @type {{ direction: boolean, within: boolean }} */ s) => ({ direction: s.direction, within: s.within });
 
 /** @param {ReturnType<typeof spread>} s */
 export function spreadMarkdown(s) {
@@ -483,11 +506,15 @@ export function spreadMarkdown(s) {
     '| run | load average (1/5/15 min, at its end) | published way | within ±35% |',
     '|---|---|---|---|',
     ...s.runs.map((r) => `| ${r.label} | ${(r.loadAverage ?? []).map((x) => x.toFixed(1)).join(' / ')} | ${r.direction} | ${r.within} |`),
+    ...(s.pooled ? [`| pooled (each ratio's geometric mean over the runs) | - | ${s.pooled.direction} | ${s.pooled.within} |`] : []),
     '',
-    `| # | comparison | published | ${s.runs.map((r) => r.label).join(' | ')} | same way in all |`,
-    `|---|---|---|${s.runs.map(() => '---|').join('')}---|`,
+    `| # | comparison | published | ${s.runs.map((r) => r.label).join(' | ')} | same way in all |${s.pooled ? ' pooled |' : ''}`,
+    `|---|---|---|${s.runs.map(() => '---|').join('')}---|${s.pooled ? '---|' : ''}`,
     ...s.rows.map(
-      (r) => `| ${r.n} | ${r.what} | ${fmt(r.publishedRatio)} | ${r.ours.map((x, i) => `${fmt(x)} ${yes(r.directions[i])}`).join(' | ')} | ${r.stable ? 'yes' : 'NO'} |`,
+      (r) =>
+        `| ${r.n} | ${r.what} | ${fmt(r.publishedRatio)} | ${r.ours.map((x, i) => `${fmt(x)} ${yes(r.directions[i])}`).join(' | ')} | ${r.stable ? 'yes' : 'NO'} |${
+          r.pooled ? ` ${r.pooled.ratio === null ? '-' : fmt(r.pooled.ratio)} ${yes(r.pooled.direction)}${r.pooled.within ? ', within' : ''} |` : ''
+        }`,
     ),
   ].join('\n');
 }

@@ -84,7 +84,26 @@ describe('several runs side by side (seeds-spread, issue 22 item 5)', () => {
     expect(s.runs.map((r) => r.direction)).toEqual([1, 2]);
     const md = spreadMarkdown(s);
     expect(md).toContain('2 of 3 comparisons point the same way in all 2 runs; changed: #2.');
-    expect(md).toContain('| 2 | row 2 | 1.5x | 0.98x NO | 1.03x yes | NO |');
+    expect(md).toContain('| 2 | row 2 | 1.5x | 0.98x NO | 1.03x yes | NO | 1.005x yes |');
+  });
+  it('pools each ratio over the runs (geometric mean) and scores the pooled ratio as one run', () => {
+    // 1.2x and 1.875x against 1.5x published: each run 0.55 off on effect size, their mean on it
+    const inf = { ...row(2, /** @type {any} */ ('inf'), true) };
+    const s = spread([
+      { label: 'trace-1', rows: [row(1, 1.2, true), inf, row(3, 0.9, false)] },
+      { label: 'trace-2', rows: [row(1, 1.875, true), inf, row(3, null, false)] },
+    ]);
+    expect(s.runs.map((r) => r.within)).toEqual([0, 0]);
+    expect(s.rows[0].pooled).toEqual({ ratio: 1.5, direction: true, within: true });
+    // a count of 0 below a ratio is not pooled: the published way only if every run's is
+    expect(s.rows[1].pooled).toEqual({ ratio: null, direction: true, within: false });
+    // nor a comparison one run lacks
+    expect(s.rows[2].pooled).toEqual({ ratio: null, direction: false, within: false });
+    expect(s.pooled).toEqual({ direction: 2, within: 1 });
+    const md = spreadMarkdown(s);
+    expect(md).toContain("| pooled (each ratio's geometric mean over the runs) | - | 2 | 1 |");
+    expect(md).toContain('| 1 | row 1 | 1.5x | 1.2x yes | 1.875x yes | yes | 1.5x yes, within |');
+    expect(md).toContain('| 2 | row 2 | 1.5x | ∞x yes | ∞x yes | yes | - yes |');
   });
 });
 
