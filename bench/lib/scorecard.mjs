@@ -489,12 +489,11 @@ export function pooledRow(publishedRatio, each) {
   const ratios = each.map((r) => (r?.ours ? r.oursRatio : null));
   if (ratios.length && ratios.every((x) => typeof x === 'number' && Number.isFinite(x) && x > 0)) {
     const ratio = Math.exp(ratios.reduce((sum, x) => sum + Math.log(/** @type {number} */ (x)), 0) / ratios.length);
-    return { ratio: r3(ratio), ...pick(score(publishedRatio, ratio)) };
+    const { direction, within } = score(publishedRatio, ratio);
+    return { ratio: r3(ratio), direction, within };
   }
   return { ratio: null, direction: each.length > 0 && each.every((r) => !!r?.ours && r.direction), within: each.length > 0 && each.every((r) => !!r?.ours && r.within) };
 }
-
-const pick = (/** @type {{ direction: boolean, within: boolean }} */ s) => ({ direction: s.direction, within: s.within });
 
 /** @param {ReturnType<typeof spread>} s */
 export function spreadMarkdown(s) {
